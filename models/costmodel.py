@@ -1,0 +1,199 @@
+"""Closed-form data-movement volume (DV) and memory usage (MU) per memory level.
+
+Semantics (Chimera's block decomposition with Accera's key-slice reloads):
+
+* Level l (0 = innermost) has an `order` (outermost loop first) and a `tile`.
+  Level-l loops walk level-l tiles inside the level-(l+1) tile; the outermost
+  level's parent is the whole problem; edge tiles are clipped.
+* For level l, each op walks only its own loops, in the combined order of all
+  levels >= l, outermost level first.
+* An input's or output's level-l block is refilled whenever it differs from the
+  block of the previous iteration; each refill moves the clipped block.
+  Intermediates move nothing.
+
+Why the closed form is exact. Call the walk's entries *positions* (a loop at a
+level); a position of one of tensor T's loops is a *T-position*. T's block is
+constant below a position iff every T-position below it has a single trip, so
+a non-T position multiplies T's reloads iff some T-position with more than one
+trip lies below it. For a given level-l block t of T that is the deepest
+T-position with more than one trip on t's own path, d(t). Hence
+
+    DV_T = sum_t |t| * prod_{non-T loop y} N_y(j_y(d(t)))
+
+where N_y(j) is the number of level-j blocks of y and j_y(d) the innermost
+level whose y-position lies above d. Trip counts differ between full and edge
+blocks, so every loop's blocks are split into classes (full/edge at each level,
+at most 2^levels); d(t) is the max over T's dims, so the sum over t factors
+into products of per-dimension sums over these classes. For divisible extents
+with every loop running more than once this is Chimera's formula, e.g. GEMM in
+order m,n,k: DV = MK*ceil(N/Tn) + KN*ceil(M/Tm) + MN.
+
+Everything is numpy-vectorised over tile candidates: any tile may be an array,
+and results broadcast.
+"""
+from __future__ import annotations
+
+import itertools
+
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from .workload import Workload
+
+Orders = Sequence[Sequence[str]]  # per level, innermost level first; each outermost loop first
+Tiles = Sequence[Mapping[str, "np.ndarray | int"]]  # per level, innermost first: loop -> tile extent
+
+
+def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Classes of a loop's blocks at every level (tiles innermost first).
+
+    Level j gets arrays (size, count, deepest), each of shape (classes, *candidates):
+    blocks of one class share a size and the deepest level >= j with more than one
+    trip on their path (len(tiles) where there is none).
+    """
+    n = len(tiles)
+    size, count, deepest = np.full((1,), float(extent)), np.ones(1), np.full((1,), n)
+    per_level: list = [None] * n
+    for j in reversed(range(n)):
+        t = np.asarray(tiles[j], dtype=np.float64)
+        size, t_b = np.broadcast_arrays(size[(...,) + (None,) * (t.ndim + 1 - size.ndim)], t)
+        count = np.broadcast_to(count[(...,) + (None,) * (size.ndim - count.ndim)], size.shape)
+        deepest = np.broadcast_to(deepest[(...,) + (None,) * (size.ndim - deepest.ndim)], size.shape)
+        trips = np.ceil(size / t_b)
+        size = np.concatenate([t_b, size - (trips - 1) * t_b])
+        count = np.concatenate([count * (trips - 1), count])
+        deepest = np.concatenate([np.full(trips.shape, j), np.where(trips > 1, j, deepest)])
+        per_level[j] = (size, count, deepest)
+    return per_level
+
+
+def block_counts(blocks) -> list[np.ndarray]:
+    """N(j): the number of level-j blocks of a loop."""
+    return [count.sum(axis=0) for _, count, _ in blocks]
+
+
+def _align(a: np.ndarray, ndim: int) -> np.ndarray:
+    """Append unit axes so a (cuts, ...) array broadcasts against one with `ndim` axes."""
+    return a.reshape(a.shape + (1,) * (ndim - a.ndim))
+
+
+def _tensor_dv(tdims, nont, walk_pos, level, n_levels, blocks, counts):
+    """Elements moved into `level` for one tensor of one op (see module docstring)."""
+    cuts = np.array([-1, *sorted({walk_pos[(j, x)] for x in tdims for j in range(level, n_levels)})])
+    # covered[c]: total volume of the blocks t whose deepest multi-trip T-position is at or above cut c.
+    covered = np.ones(len(cuts))
+    for x in tdims:
+        size, count, deepest = blocks[x][level]
+        lut = np.array([walk_pos.get((j, x), -1) for j in range(n_levels)] + [-1])
+        pos = lut[deepest]
+        inside = pos[None] <= cuts.reshape((-1,) + (1,) * pos.ndim)
+        covered = _align(covered, pos.ndim) * np.where(inside, count * size, 0.0).sum(axis=1)
+    mult = np.ones(len(cuts))
+    for y in nont:
+        # Innermost level whose y-position lies above each cut; its block count multiplies.
+        factors = []
+        for cut in cuts:
+            above = [j for j in range(level, n_levels) if walk_pos[(j, y)] < cut]
+            factors.append(counts[y][min(above)] if above else np.ones_like(counts[y][level]))
+        factors = np.stack(np.broadcast_arrays(*factors))
+        mult = _align(mult, factors.ndim) * factors
+    nd = max(covered.ndim, mult.ndim)
+    covered, mult = _align(covered, nd), _align(mult, nd)
+    gained = np.diff(covered, axis=0, prepend=0.0)
+    return (gained * mult).sum(axis=0)
+
+
+def _blocks(workload: Workload, tiles: Tiles, lowest: int):
+    n = len(tiles)
+    blocks = {
+        x: loop_blocks(e, [tiles[j][x] if j >= lowest else 1 for j in range(n)]) for x, e in workload.dims.items()
+    }
+    return blocks, {x: block_counts(b) for x, b in blocks.items()}
+
+
+def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts) -> np.ndarray:
+    """Elements one op moves into `level`, summed over its inputs and outputs."""
+    n = len(orders)
+    walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
+    pos = {p: i for i, p in enumerate(walk)}
+    total = 0.0
+    for name in workload.io_tensors(op):
+        tdims = workload.tensors[name].dims
+        nont = [y for y in op.loops if y not in tdims]
+        total = total + _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
+    return total
+
+
+def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None) -> list[np.ndarray]:
+    """DV_l in bytes for each requested level (default: every level, innermost first).
+
+    Level l depends only on the orders and tiles of levels >= l, so a search may
+    pass outer levels as scalars and one level as candidate arrays.
+    """
+    levels = range(len(orders)) if levels is None else levels
+    blocks, counts = _blocks(workload, tiles, min(levels))
+    dv = []
+    for level in levels:
+        total = sum(op_volume(workload, op, orders, level, blocks, counts) for op in workload.ops)
+        dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
+    return dv
+
+
+def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
+    """A lower bound on a level's DV in bytes that holds whatever the levels around it do.
+
+    Each op on its own, walking only this level's tiles over the whole problem in
+    its best order. Outer levels only add loops that break reuse; checked against
+    multi-level plans in the tests.
+    """
+    blocks, counts = _blocks(workload, [tile], 0)
+    total = 0.0
+    for op in workload.ops:
+        total = total + np.minimum.reduce(
+            [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts), np.shape(blocks[op.loops[0]][0][0])[1:])
+             for perm in itertools.permutations(op.loops)]
+        )
+    return np.asarray(total, dtype=np.float64) * workload.elem_bytes
+
+
+def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
+    """MU of one level in bytes: the largest per-op sum of full (unclipped) tensor blocks."""
+    worst = 0.0
+    for op in workload.ops:
+        total = 0.0
+        for name in [*op.inputs, op.output]:
+            block = 1.0
+            for x in workload.tensors[name].dims:
+                block = block * np.asarray(tile[x], dtype=np.float64)
+            total = total + block
+        worst = np.maximum(worst, total)
+    return np.asarray(worst) * workload.elem_bytes
+
+
+def check_order(workload: Workload, order: Sequence[str]) -> None:
+    """Raise ValueError unless `order` is a permutation of the loops with shared loops first."""
+    if sorted(order) != sorted(workload.dims):
+        raise ValueError(f"order {list(order)} must list each loop of {list(workload.dims)} once")
+    shared = set(workload.shared_loops)
+    seen_private = False
+    for x in order:
+        if x not in shared:
+            seen_private = True
+        elif seen_private:
+            raise ValueError(
+                f"order {list(order)}: shared loop {x!r} comes after a loop private to one op; "
+                "that would recompute an earlier op or hold an unbounded intermediate"
+            )
+
+
+def check_tiles(workload: Workload, tiles: Tiles) -> None:
+    """Raise ValueError unless 1 <= tile_l <= tile_(l+1) <= extent for every loop."""
+    for level, tile in enumerate(tiles):
+        for x, extent in workload.dims.items():
+            t = tile.get(x)
+            if t is None:
+                raise ValueError(f"level {level} tile has no entry for loop {x!r}")
+            parent = tiles[level + 1][x] if level + 1 < len(tiles) else extent
+            if not 1 <= int(t) <= int(parent):
+                raise ValueError(f"level {level} tile of {x!r} is {t}; it must be between 1 and {parent}")

@@ -1,0 +1,189 @@
+"""Memory hierarchies: the levels that hold tiles, innermost first, and peak compute.
+
+Each level's bandwidth is that of the link filling it from the next level out;
+the outermost listed level is filled from memory, which is implicit.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class Level(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    capacity_bytes: int = Field(gt=0)
+    bandwidth_bytes_per_s: float = Field(gt=0)
+
+
+class Hardware(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    levels: list[Level] = Field(min_length=1, description="innermost first")
+    peak_flops: float = Field(gt=0)
+    source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
+
+    @model_validator(mode="after")
+    def _unique_names(self) -> Hardware:
+        names = [lv.name for lv in self.levels]
+        if len(set(names)) != len(names):
+            raise ValueError(f"level names must be unique, got {names}")
+        return self
+
+
+# GPU figures: SXM parts, boost clocks. Register and shared-memory fill bandwidths are
+# 128 B/clock/SM (shared-memory bank throughput) times SMs times clock; L2 figures are
+# published microbenchmark results since NVIDIA does not state them.
+_GPU = {
+    "h100": dict(
+        sms=132, clock=1.98e9, regs=256 * 1024, smem=227 * 1024, l2=50 * 2**20, l2_bw=7.0e12, hbm=3.35e12,
+        peak=66.9e12,
+        source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (SXM5: 132 SMs, 256 KB registers/SM, "
+        "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32); L2 ~7 TB/s from "
+        "Chips and Cheese's H100 microbenchmarks",
+    ),
+    "a100": dict(
+        sms=108, clock=1.41e9, regs=256 * 1024, smem=163 * 1024, l2=40 * 2**20, l2_bw=5.1e12, hbm=2.039e12,
+        peak=19.5e12,
+        source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (SXM4 80GB: 108 SMs, 256 KB registers/SM, "
+        "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32; L2 2.3x V100's)",
+    ),
+    "v100": dict(
+        sms=80, clock=1.53e9, regs=256 * 1024, smem=96 * 1024, l2=6 * 2**20, l2_bw=2.155e12, hbm=0.9e12,
+        peak=15.7e12,
+        source="NVIDIA Tesla V100 GPU Architecture whitepaper (SXM2: 80 SMs, 256 KB registers/SM, 96 KB shared "
+        "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32); L2 2155 GB/s from Jia et al., "
+        "'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking' (2018)",
+    ),
+}
+
+
+def _gpu(name: str) -> Hardware:
+    g = _GPU[name]
+    smem_bw = 128 * g["sms"] * g["clock"]
+    return Hardware(
+        name=name,
+        levels=[
+            Level(name="registers", capacity_bytes=g["regs"], bandwidth_bytes_per_s=smem_bw),
+            Level(name="shared", capacity_bytes=g["smem"], bandwidth_bytes_per_s=g["l2_bw"]),
+            Level(name="L2", capacity_bytes=g["l2"], bandwidth_bytes_per_s=g["hbm"]),
+        ],
+        peak_flops=g["peak"],
+        source=g["source"],
+    )
+
+
+# Bytes per cycle per core of the link that fills each cache level on current x86 cores
+# (Zen 4 and Golden Cove load two vectors per cycle from L1 and take 64 B/cycle from L2,
+# 32 B/cycle from L3); DRAM is taken as 8 B/cycle per core. All are documented
+# assumptions: override them with --hardware FILE.json (start from `tune hardware host --json`).
+_FILL_BYTES_PER_CYCLE = {1: 64, 2: 32, 3: 8}
+_DRAM_BYTES_PER_CYCLE = 8
+
+
+def _parse_size(text: str) -> int:
+    text = text.strip().upper()
+    mult = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+    return int(text.rstrip("KMG")) * mult
+
+
+def _cpu_flags() -> tuple[set[str], str]:
+    flags, vendor = set(), ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+            elif line.startswith("vendor_id") and not vendor:
+                vendor = line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return flags, vendor
+
+
+def _cpu_hz() -> float:
+    try:
+        return int(Path("/sys/devices/system/cpu/cpu0/cpufreq/cpuinfo_max_freq").read_text()) * 1e3
+    except (OSError, ValueError):
+        pass
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                return float(line.split(":", 1)[1]) * 1e6
+    except (OSError, ValueError):
+        pass
+    return 2.5e9
+
+
+def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
+    """Read this machine's data caches from sysfs; the vector register file is the innermost level."""
+    cores = os.cpu_count() or 1
+    hz = _cpu_hz()
+    flags, vendor = _cpu_flags()
+    vec_bytes = 64 if "avx512f" in flags else 32 if "avx2" in flags else 16
+    nregs = 32 if "avx512f" in flags else 16
+    # AMD Zen 4 executes 512-bit FMAs on two 256-bit pipes; Intel AVX-512 parts have two 512-bit pipes.
+    fma_bytes = 32 if vendor == "AuthenticAMD" else vec_bytes
+    peak = cores * hz * 2 * (fma_bytes // 4) * 2
+    levels = [Level(name="registers", capacity_bytes=nregs * vec_bytes, bandwidth_bytes_per_s=2 * vec_bytes * hz * cores)]
+    caches = []
+    for index in sorted(Path(cache_root).glob("index*")):
+        try:
+            ctype = (index / "type").read_text().strip()
+            if ctype == "Instruction":
+                continue
+            caches.append((int((index / "level").read_text()), _parse_size((index / "size").read_text())))
+        except (OSError, ValueError):
+            continue
+    for level, size in sorted(caches):
+        bpc = _FILL_BYTES_PER_CYCLE.get(level, 8)
+        levels.append(Level(name=f"L{level}", capacity_bytes=size, bandwidth_bytes_per_s=bpc * hz * cores))
+    # The outermost cache is filled from DRAM, not from a further cache.
+    if len(levels) > 1:
+        levels[-1] = levels[-1].model_copy(update={"bandwidth_bytes_per_s": _DRAM_BYTES_PER_CYCLE * hz * cores})
+    return Hardware(
+        name="host",
+        levels=levels,
+        peak_flops=peak,
+        source=f"{cache_root}, /proc/cpuinfo ({cores} cores at {hz / 1e9:.2f} GHz, {vec_bytes * 8}-bit vectors); "
+        "fill bandwidths are per-cycle assumptions documented in models/hardware.py",
+    )
+
+
+PRESETS = ("host", "h100", "a100", "v100")
+
+
+def preset(name: str) -> Hardware:
+    """A named hardware preset: host (read from this machine), h100, a100 or v100."""
+    if name == "host":
+        return host()
+    if name in _GPU:
+        return _gpu(name)
+    raise ValueError(f"unknown hardware {name!r}; expected one of {', '.join(PRESETS)} or a .json file")
+
+
+def hardware_from(spec: str | dict) -> Hardware:
+    """A preset name, a path to a JSON file, or a dict (a `tune --json` document's `hardware` is accepted too)."""
+    if isinstance(spec, dict):
+        data = spec.get("hardware", spec) if isinstance(spec.get("hardware"), dict) else spec
+        return Hardware.model_validate(data)
+    if spec in PRESETS:
+        return preset(spec)
+    if spec.endswith(".json") or Path(spec).exists():
+        return hardware_from(read_json(spec))
+    return preset(spec)  # raises with the list of presets
+
+
+def read_json(path: str):
+    """Parse a JSON file, with a one-line error for a missing or malformed file."""
+    import json
+
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None

@@ -1,0 +1,183 @@
+"""Loop-nest workloads: named loops with extents, tensors indexed by loops, and ops.
+
+A workload is plain data (pydantic). Built-in kinds are made by `builtin()`; a
+user-defined one is validated from the same JSON shape the plan's `workload`
+object has, so `tune --json` output can be fed back in.
+"""
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
+Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
+Role = Literal["input", "output", "intermediate"]
+
+
+class Tensor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dims: list[str] = Field(description="loops indexing each dimension, outermost (row-major) first")
+    role: Role | None = Field(None, description="derived from the ops when omitted")
+
+
+class Op(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    loops: list[str]
+    inputs: list[str] = Field(min_length=1)
+    output: str
+
+
+class Workload(BaseModel):
+    """A loop nest: `dims` maps loop name to extent; ops run in list order."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: str = "custom"
+    dims: dict[str, int]
+    dtype: Dtype = "float32"
+    tensors: dict[str, Tensor]
+    ops: list[Op] = Field(min_length=1)
+    signature: list[str] | None = Field(None, description="kernel argument order; derived when omitted")
+
+    @field_validator("dims")
+    @classmethod
+    def _extents_positive(cls, dims: dict[str, int]) -> dict[str, int]:
+        if not dims:
+            raise ValueError("a workload needs at least one loop")
+        for loop, extent in dims.items():
+            if extent < 1:
+                raise ValueError(f"loop {loop!r} has extent {extent}; extents must be >= 1")
+        return dims
+
+    @model_validator(mode="after")
+    def _check_and_derive(self) -> Workload:
+        for name, t in self.tensors.items():
+            unknown = [d for d in t.dims if d not in self.dims]
+            if unknown:
+                raise ValueError(f"tensor {name!r} is indexed by unknown loop(s) {unknown}")
+            if len(set(t.dims)) != len(t.dims):
+                raise ValueError(f"tensor {name!r} repeats a loop in its dims {t.dims}")
+        outputs = [op.output for op in self.ops]
+        if len(set(outputs)) != len(outputs):
+            raise ValueError(f"op outputs must be unique, got {outputs}")
+        if len({op.name for op in self.ops}) != len(self.ops):
+            raise ValueError("op names must be unique")
+        produced: set[str] = set()
+        for op in self.ops:
+            unknown = [x for x in op.loops if x not in self.dims]
+            if unknown:
+                raise ValueError(f"op {op.name!r} uses unknown loop(s) {unknown}")
+            for t in [*op.inputs, op.output]:
+                if t not in self.tensors:
+                    raise ValueError(f"op {op.name!r} names unknown tensor {t!r}")
+                stray = [d for d in self.tensors[t].dims if d not in op.loops]
+                if stray:
+                    raise ValueError(f"tensor {t!r} in op {op.name!r} is indexed by loop(s) {stray} the op does not run")
+            if op.output in op.inputs:
+                raise ValueError(f"op {op.name!r} reads its own output {op.output!r}")
+            if op.output in self.tensors and any(op.output in o.inputs for o in self.ops[: self.ops.index(op)]):
+                raise ValueError(f"tensor {op.output!r} is read before op {op.name!r} produces it")
+            produced.add(op.output)
+        consumed = {t for op in self.ops for t in op.inputs}
+        used = consumed | produced
+        unused = [t for t in self.tensors if t not in used]
+        if unused:
+            raise ValueError(f"tensor(s) {unused} are used by no op")
+        unused_loops = [x for x in self.dims if not any(x in op.loops for op in self.ops)]
+        if unused_loops:
+            raise ValueError(f"loop(s) {unused_loops} are run by no op")
+        for name, t in self.tensors.items():
+            role = "intermediate" if name in produced and name in consumed else "output" if name in produced else "input"
+            if t.role is not None and t.role != role:
+                raise ValueError(f"tensor {name!r} is declared {t.role!r} but the ops make it {role!r}")
+            t.role = role
+        io = [n for n, t in self.tensors.items() if t.role != "intermediate"]
+        if self.signature is None:
+            first_use = [t for op in self.ops for t in op.inputs if self.tensors[t].role == "input"]
+            ins = list(dict.fromkeys(first_use))
+            self.signature = ins + [op.output for op in self.ops if self.tensors[op.output].role == "output"]
+        elif sorted(self.signature) != sorted(io):
+            raise ValueError(f"signature must list each input and output tensor once: {sorted(io)}")
+        return self
+
+    # Derived views used throughout the cost model and optimizer.
+    @property
+    def loops(self) -> list[str]:
+        return list(self.dims)
+
+    @property
+    def elem_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def shared_loops(self) -> list[str]:
+        """Loops run by every op; in any valid order they come before the others."""
+        return [x for x in self.dims if all(x in op.loops for op in self.ops)]
+
+    @property
+    def flops(self) -> float:
+        """Two flops (multiply and add) per point of each op's iteration space."""
+        total = 0.0
+        for op in self.ops:
+            points = 1.0
+            for x in op.loops:
+                points *= self.dims[x]
+            total += 2.0 * points
+        return total
+
+    def io_tensors(self, op: Op) -> list[str]:
+        """The op's tensors that move between levels (intermediates stay on chip)."""
+        return [t for t in [*op.inputs, op.output] if self.tensors[t].role != "intermediate"]
+
+
+def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
+    """Build `gemm`, `batch-gemm` or `gemm-chain`; a `b` entry in dims adds a batch loop indexing every tensor."""
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    batch = ["b"] if "b" in dims else []
+    if kind == "batch-gemm" and not batch:
+        raise ValueError("batch-gemm needs a batch extent b")
+    if kind in ("gemm", "batch-gemm"):
+        names = ["m", "n", "k"]
+        tensors = {"A": ["m", "k"], "B": ["k", "n"], "C": ["m", "n"]}
+        ops = [{"name": "gemm", "loops": batch + ["m", "n", "k"], "inputs": ["A", "B"], "output": "C"}]
+        kind = "batch-gemm" if batch else "gemm"
+    elif kind == "gemm-chain":
+        names = ["m", "l", "k", "n"]
+        tensors = {"A": ["m", "k"], "B": ["k", "l"], "C": ["m", "l"], "D": ["l", "n"], "E": ["m", "n"]}
+        ops = [
+            {"name": "gemm1", "loops": batch + ["m", "l", "k"], "inputs": ["A", "B"], "output": "C"},
+            {"name": "gemm2", "loops": batch + ["m", "l", "n"], "inputs": ["C", "D"], "output": "E"},
+        ]
+    else:
+        raise ValueError(f"unknown workload kind {kind!r}; expected gemm, batch-gemm or gemm-chain")
+    missing = [x for x in names if x not in dims]
+    if missing:
+        raise ValueError(f"{kind} needs extents for {missing}")
+    extra = [x for x in dims if x not in names + batch]
+    if extra:
+        raise ValueError(f"{kind} has no loop(s) {extra}")
+    return Workload(
+        kind=kind,
+        dims={x: dims[x] for x in batch + names},
+        dtype=dtype,
+        tensors={t: {"dims": batch + d} for t, d in tensors.items()},
+        ops=ops,
+    )
+
+
+def workload_from_dict(data: dict) -> Workload:
+    """A full workload object, the short form {"kind", "dims", "dtype"} of a built-in, or a `tune --json` document."""
+    if not isinstance(data, dict):
+        raise ValueError("a workload must be a JSON object")
+    if "workload" in data and isinstance(data["workload"], dict):
+        data = data["workload"]
+    if "tensors" not in data and "ops" not in data:
+        unknown = set(data) - {"kind", "dims", "dtype"}
+        if unknown:
+            raise ValueError(f"unknown workload field(s) {sorted(unknown)}")
+        if not isinstance(data.get("dims"), dict):
+            raise ValueError("a workload needs 'dims', an object of loop extents")
+        return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"))
+    return Workload.model_validate(data)

@@ -1,0 +1,251 @@
+"""`pyomo-ipopt` and `pyomo-scip`: mathematical-programming models of the tiling problem.
+
+Loop orders are discrete, so each model fixes one order per level and
+optimises the tiles. Under the assumption that every loop runs more than once
+and tiles divide evenly, DV is a posynomial in the tiles:
+
+    DV_l = sum_T |T| * prod_{y not in T} E_y / T_{j(y), y}
+
+where j(y) is l when y comes before T's last loop in level l's order and l+1
+otherwise (the model in models/costmodel.py, minus edge effects), and MU is a
+posynomial too.
+
+* pyomo-ipopt: in log space (u = log T) both become sums of exponentials of
+  linear forms, a convex program that an IPOPT-class solver (ripopt, shipped as
+  a wheel) solves to its global optimum; the answer is rounded to integers,
+  repaired and polished on the exact model.
+* pyomo-scip: integer tiles and integer block counts N >= E/T, a MINLP solved by
+  SCIP through pyscipopt with a time and gap limit.
+
+A loop with a single trip at a level is a discrete choice too (it changes
+which loops the formula sees), so each level picks an (order, single-trip
+loops) pair; distinct formulas only. Every combination is solved when there
+are few, else coordinate descent changes one level's pair at a time.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import warnings
+
+import numpy as np
+
+from .local import polish, repair
+from .registry import Candidate, Deadline, SolveResult, TopK, register, score
+from .space import Space, order_classes, relaxed_signature
+
+EXHAUSTIVE_COMBOS = 32
+TIE_WEIGHT = 1e-3  # weight of the summed link times, which breaks compute-bound ties
+
+
+def _multiplier_levels(space: Space, choice, level: int):
+    """For each op tensor at `level`: (|T| elements, [(loop, level of its block count)]).
+
+    `choice` holds per level an (order, single-trip loops) pair. A loop with one
+    trip never changes a block, so the deepest position of T that matters is the
+    last one of a multi-trip loop; every other loop placed above it multiplies
+    T's reloads by its block count at the innermost level where it is above.
+    """
+    w, n = space.workload, space.n_levels
+    terms = []
+    for op in w.ops:
+        walk = [(j, y) for j in reversed(range(level, n)) for y in choice[j][0] if y in op.loops]
+        for name in w.io_tensors(op):
+            tdims = w.tensors[name].dims
+            deepest = max((i for i, (j, y) in enumerate(walk) if y in tdims and y not in choice[j][1]), default=-1)
+            factors = []
+            for y in op.loops:
+                if y in tdims:
+                    continue
+                above = [j for i, (j, z) in enumerate(walk) if z == y and i < deepest]
+                if above:
+                    factors.append((y, min(above)))
+            terms.append((math.prod(w.dims[x] for x in tdims), factors))
+    return terms
+
+
+def _mu_terms(space: Space):
+    """Per op, the loops of each of its tensors (MU_l = max over ops of sum of tile products)."""
+    w = space.workload
+    return [[w.tensors[t].dims for t in [*op.inputs, op.output]] for op in w.ops]
+
+
+def _scale(space: Space) -> float:
+    return space.lower_bound
+
+
+def _ipopt_model(space: Space, choice):
+    import pyomo.environ as pyo
+
+    w, hw, n = space.workload, space.hardware, space.n_levels
+    m = pyo.ConcreteModel()
+    idx = [(j, x) for j in range(n) for x in space.loops]
+    m.u = pyo.Var(idx, bounds=lambda _, j, x: (0.0, math.log(w.dims[x])), initialize=lambda _, j, x: 0.0)
+    m.t = pyo.Var(bounds=(space.compute_seconds / _scale(space), None), initialize=1.0)
+    m.c = pyo.ConstraintList()
+    costs = []
+    for j in range(n):
+        for x in space.loops:
+            parent = m.u[j + 1, x] if j + 1 < n else math.log(w.dims[x])
+            m.c.add(m.u[j, x] == parent if x in choice[j][1] else m.u[j, x] <= parent)
+        coef = w.elem_bytes / hw.levels[j].bandwidth_bytes_per_s / _scale(space)
+        cost = sum(
+            coef * size * pyo.exp(sum(math.log(w.dims[y]) - m.u[jy, y] for y, jy in factors))
+            for size, factors in _multiplier_levels(space, choice, j)
+        )
+        costs.append(cost)
+        m.c.add(cost <= m.t)
+        log_cap = math.log(hw.levels[j].capacity_bytes / w.elem_bytes)
+        for tensors in _mu_terms(space):
+            m.c.add(sum(pyo.exp(sum(m.u[j, x] for x in dims) - log_cap) for dims in tensors) <= 1.0)
+    m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))
+    return m, lambda: [{x: math.exp(pyo.value(m.u[j, x])) for x in space.loops} for j in range(n)]
+
+
+def _scip_model(space: Space, choice):
+    import pyomo.environ as pyo
+
+    w, hw, n = space.workload, space.hardware, space.n_levels
+    m = pyo.ConcreteModel()
+    idx = [(j, x) for j in range(n) for x in space.loops]
+    m.T = pyo.Var(idx, domain=pyo.PositiveIntegers, bounds=lambda _, j, x: (1, w.dims[x]), initialize=1)
+    m.N = pyo.Var(idx, domain=pyo.PositiveIntegers, bounds=lambda _, j, x: (1, w.dims[x]), initialize=lambda _, j, x: w.dims[x])
+    m.t = pyo.Var(bounds=(space.compute_seconds / _scale(space), None))
+    m.c = pyo.ConstraintList()
+    costs = []
+    for j in range(n):
+        for x in space.loops:
+            m.c.add(m.N[j, x] * m.T[j, x] >= w.dims[x])  # N = ceil(E / T) at the optimum
+            parent = m.T[j + 1, x] if j + 1 < n else w.dims[x]
+            m.c.add(m.T[j, x] == parent if x in choice[j][1] else m.T[j, x] <= parent)
+        coef = w.elem_bytes / hw.levels[j].bandwidth_bytes_per_s / _scale(space)
+        cost = sum(
+            coef * size * pyo.prod([m.N[jy, y] for y, jy in factors]) if factors else coef * size
+            for size, factors in _multiplier_levels(space, choice, j)
+        )
+        costs.append(cost)
+        m.c.add(cost <= m.t)
+        cap = hw.levels[j].capacity_bytes / w.elem_bytes
+        for tensors in _mu_terms(space):
+            m.c.add(sum(pyo.prod([m.T[j, x] for x in dims]) for dims in tensors) <= cap)
+    m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))
+    return m, lambda: [{x: pyo.value(m.T[j, x]) for x in space.loops} for j in range(n)]
+
+
+def _run(kind: str, model, seconds: float) -> str:
+    """Solve with a time limit; returns Pyomo's termination condition as text."""
+    import pyomo.environ as pyo
+
+    if kind == "ipopt":
+        import pyomo_ripopt  # noqa: F401  (registers the 'ripopt' solver)
+
+        solver = pyo.SolverFactory("ripopt")
+        options = {"max_cpu_time": max(seconds, 0.1), "max_iter": 3000, "print_level": 0}
+    else:
+        solver = pyo.SolverFactory("scip_direct")
+        # Quiet output and a gap limit: SCIP's console pipe can otherwise fill and stall.
+        options = {"display/verblevel": 0, "limits/gap": 1e-4, "limits/time": max(seconds, 0.1)}
+    # Pyomo logs a warning for every non-optimal status; the status is reported instead.
+    quiet = logging.getLogger("pyomo")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            result = solver.solve(model, options=options, load_solutions=False)
+        cond = str(result.solver.termination_condition)
+        if len(result.solution) > 0:
+            model.solutions.load_from(result)
+    except Exception as exc:  # a solver crash must not take the request down
+        return f"error: {exc}"
+    finally:
+        quiet.setLevel(level)
+    return cond
+
+
+def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Deadline) -> Candidate | None:
+    """Integer tiles near a relaxed solution: floor, nearest and ceil variants, repaired and scored."""
+    best = None
+    for fn in (math.floor, round, math.ceil):
+        tiles = repair(space, [{x: max(1, int(fn(v + 1e-9))) for x, v in t.items()} for t in relaxed])
+        if tiles is None:
+            continue
+        pred, mmax, msum, ok = score(space, orders, tiles)
+        if not ok:
+            continue
+        cand = Candidate(tuple(orders), tuple(tuple(t[x] for x in space.loops) for t in tiles), (float(pred), float(mmax), float(msum)))
+        if best is None or cand.key < best.key:
+            best = cand
+    return None if best is None else polish(space, best, Deadline(min(deadline.left(), 0.2)), rounds=10)
+
+
+def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
+    """(order, single-trip loops) pairs, one per distinct cost formula at a level."""
+    seen = {}
+    for order in order_classes(space.workload, key=lambda _, o: o):  # every valid order
+        for r in range(len(space.loops) + 1):
+            for fixed in itertools.combinations(space.loops, r):
+                moving = tuple(x for x in order if x not in fixed)
+                key = (relaxed_signature(space.workload, moving), frozenset(fixed))
+                seen.setdefault(key, (order, frozenset(fixed)))
+    return list(seen.values())
+
+
+def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult:
+    build = _ipopt_model if kind == "ipopt" else _scip_model
+    choices = _level_choices(space)
+    best = TopK(max(top, 1))
+    solved = [0]
+    conditions: list[str] = []
+
+    def attempt(choice) -> Candidate | None:
+        if deadline.expired():
+            return None
+        model, extract = build(space, choice)
+        cond = _run(kind, model, deadline.left())
+        conditions.append(cond)
+        solved[0] += 1
+        if cond in ("infeasible", "unknown") or cond.startswith(("error", "other")):
+            return None
+        try:
+            cand = _round(space, tuple(c[0] for c in choice), extract(), deadline)
+        except (TypeError, ValueError):  # variables without values
+            return None
+        if cand is not None:
+            best.add(cand)
+        return cand
+
+    if len(choices) ** space.n_levels <= EXHAUSTIVE_COMBOS:
+        for combo in itertools.product(choices, repeat=space.n_levels):
+            attempt(tuple(combo))
+    else:
+        # Coordinate descent over levels, starting from no single-trip loops at any level.
+        current = tuple([choices[0]] * space.n_levels)
+        current_key = (attempt(current) or Candidate((), (), (np.inf,) * 3)).key
+        improved = True
+        while improved and not deadline.expired():
+            improved = False
+            for j in reversed(range(space.n_levels)):
+                for choice in choices:
+                    if choice == current[j]:
+                        continue
+                    trial = current[:j] + (choice,) + current[j + 1 :]
+                    cand = attempt(trial)
+                    if cand is not None and cand.key < current_key:
+                        current, current_key, improved = trial, cand.key, True
+    timed_out = deadline.expired() or any(c == "maxTimeLimit" for c in conditions)
+    if not best.items:
+        status = "timeout" if timed_out else "infeasible"
+        return SolveResult(status, [], solved[0], "no feasible rounded solution")
+    return SolveResult("timeout" if timed_out else "feasible", best.items, solved[0])
+
+
+@register("pyomo-ipopt")
+def solve_ipopt(space: Space, deadline: Deadline, top: int) -> SolveResult:
+    return _solve(space, deadline, top, "ipopt")
+
+
+@register("pyomo-scip")
+def solve_scip(space: Space, deadline: Deadline, top: int) -> SolveResult:
+    return _solve(space, deadline, top, "scip")

@@ -1,0 +1,96 @@
+"""One small registry for every solver, and the types they share.
+
+A solver is a function (Space, time_limit_s, top) -> SolveResult. Each plan is
+ranked by the key (predicted_seconds, slowest memory link, sum of memory-link
+times): the first entry is the objective; the others break its ties, which
+are common when compute bounds the time, in favour of less data movement.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from ..models.costmodel import data_volume, memory_usage
+from .space import Space
+
+
+@dataclass(frozen=True)
+class Candidate:
+    orders: tuple[tuple[str, ...], ...]  # innermost level first
+    tiles: tuple[tuple[int, ...], ...]  # innermost level first, loops in Space.loops order
+    key: tuple[float, float, float]
+
+    def tile_dicts(self, loops: list[str]) -> list[dict[str, int]]:
+        return [dict(zip(loops, t)) for t in self.tiles]
+
+
+@dataclass
+class SolveResult:
+    status: str  # optimal | feasible | timeout | infeasible
+    plans: list[Candidate]  # best first
+    evaluated: int = 0
+    message: str = ""
+
+
+class Deadline:
+    """Wall-clock budget shared by a solve and the steps inside it."""
+
+    def __init__(self, seconds: float):
+        self.start = time.perf_counter()
+        self.end = self.start + seconds
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+    def expired(self) -> bool:
+        return time.perf_counter() >= self.end
+
+
+@dataclass
+class TopK:
+    """The best k distinct candidates seen so far."""
+
+    k: int
+    items: list[Candidate] = field(default_factory=list)
+
+    def add(self, cand: Candidate) -> None:
+        if any(c.orders == cand.orders and c.tiles == cand.tiles for c in self.items):
+            return
+        self.items.append(cand)
+        self.items.sort(key=lambda c: c.key)
+        del self.items[self.k :]
+
+    def worst_primary(self) -> float:
+        """Objective a new plan must beat to enter; inf until k plans are held."""
+        return self.items[-1].key[0] if len(self.items) >= self.k else np.inf
+
+
+def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays)."""
+    hw = space.hardware
+    dv = data_volume(space.workload, orders, tiles)
+    secs = [d / lv.bandwidth_bytes_per_s for d, lv in zip(dv, hw.levels)]
+    memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
+    memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
+    feasible = np.ones_like(memmax, dtype=bool)
+    for j, lv in enumerate(hw.levels):
+        feasible &= memory_usage(space.workload, tiles[j]) <= lv.capacity_bytes
+        parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
+        for x in space.loops:
+            feasible &= (np.asarray(tiles[j][x]) >= 1) & (np.asarray(tiles[j][x]) <= np.asarray(parent[x]))
+    return np.maximum(space.compute_seconds, memmax), memmax, memsum, feasible
+
+
+SolverFn = Callable[[Space, Deadline, int], SolveResult]
+SOLVERS: dict[str, SolverFn] = {}
+
+
+def register(name: str):
+    def wrap(fn: SolverFn) -> SolverFn:
+        SOLVERS[name] = fn
+        return fn
+
+    return wrap

@@ -1,0 +1,120 @@
+"""The discrete search space: tile candidates per loop and loop orders per level.
+
+Tile candidates for a loop of extent E: every divisor of E, every power of two
+below E, E itself, ceil(E/q) for every block count q, and every integer 1..E
+when E <= 64 (the *fine* set). The *coarse* set drops the last two rules; solvers search it first because a plan that
+reaches the lower bound there is optimal over the fine set too.
+
+Orders: permutations of all loops with the loops shared by every op first.
+Two orders of one level are equivalent when, for every op and tensor, the walk
+alternates between the same sets of tensor loops and other loops (the order
+inside each run and the trailing non-tensor loops never change DV); only one
+order per class is searched.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..models.costmodel import check_order
+from ..models.hardware import Hardware
+from ..models.workload import Workload
+
+
+def tile_candidates(extent: int, fine: bool = True) -> np.ndarray:
+    """Sorted candidate tile extents for one loop."""
+    values = {d for d in range(1, int(extent**0.5) + 1) if extent % d == 0}
+    values |= {extent // d for d in values}
+    values |= {1 << i for i in range(extent.bit_length()) if 1 << i < extent}
+    values.add(extent)
+    if fine:
+        # The smallest tile giving each block count: balanced tiles need no divisor.
+        values |= {-(-extent // q) for q in range(1, extent + 1)}
+        if extent <= 64:
+            values |= set(range(1, extent + 1))
+    return np.array(sorted(values), dtype=np.int64)
+
+
+def order_signature(workload: Workload, order) -> tuple:
+    """What of a level's order the cost model can see (see module docstring)."""
+    sig = []
+    for op in workload.ops:
+        walk = [x for x in order if x in op.loops]
+        for name in workload.io_tensors(op):
+            tdims = set(workload.tensors[name].dims)
+            runs: list[tuple[bool, frozenset]] = []
+            for x in walk:
+                is_t = x in tdims
+                if runs and runs[-1][0] == is_t:
+                    runs[-1] = (is_t, runs[-1][1] | {x})
+                else:
+                    runs.append((is_t, frozenset({x})))
+            while runs and not runs[-1][0]:
+                runs.pop()
+            sig.append(tuple(runs))
+    return tuple(sig)
+
+
+def relaxed_signature(workload: Workload, order) -> tuple:
+    """The signature when every loop runs more than once: per tensor, the other loops before its last loop."""
+    sig = []
+    for op in workload.ops:
+        walk = [x for x in order if x in op.loops]
+        for name in workload.io_tensors(op):
+            tdims = set(workload.tensors[name].dims)
+            last = max((i for i, x in enumerate(walk) if x in tdims), default=-1)
+            sig.append(frozenset(x for x in walk[:last] if x not in tdims))
+    return tuple(sig)
+
+
+def order_classes(workload: Workload, key=order_signature) -> list[tuple[str, ...]]:
+    """One representative order per equivalence class, in a stable order."""
+    shared = workload.shared_loops
+    private = [x for x in workload.dims if x not in shared]
+    seen: dict[tuple, tuple[str, ...]] = {}
+    for head in itertools.permutations(shared):
+        for tail in itertools.permutations(private):
+            order = head + tail
+            seen.setdefault(key(workload, order), order)
+    reps = list(seen.values())
+    for order in reps:
+        check_order(workload, order)
+    return reps
+
+
+@dataclass
+class Space:
+    """Everything a solver needs that does not depend on the plan being searched."""
+
+    workload: Workload
+    hardware: Hardware
+    fine: bool = True
+    loops: list[str] = field(init=False)
+    candidates: dict[str, np.ndarray] = field(init=False)
+    orders: list[tuple[str, ...]] = field(init=False)
+    compute_seconds: float = field(init=False)
+    lower_bound: float = field(init=False)
+
+    def __post_init__(self):
+        w, hw = self.workload, self.hardware
+        self.loops = list(w.dims)
+        self.candidates = {x: tile_candidates(e, self.fine) for x, e in w.dims.items()}
+        self.orders = order_classes(w)
+        self.compute_seconds = w.flops / hw.peak_flops
+        # Every level loads each input and output at least once.
+        io_bytes = sum(
+            float(np.prod([w.dims[x] for x in t.dims])) for t in w.tensors.values() if t.role != "intermediate"
+        ) * w.elem_bytes
+        self.lower_bound = max([self.compute_seconds] + [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels])
+
+    @property
+    def n_levels(self) -> int:
+        return len(self.hardware.levels)
+
+    def min_footprint(self) -> float:
+        """MU with every tile 1: below this no level can hold a plan."""
+        from ..models.costmodel import memory_usage
+
+        return float(memory_usage(self.workload, {x: 1 for x in self.loops}))

@@ -1,0 +1,72 @@
+"""The optimizer's front door: workload + hardware -> ranked, costed plans."""
+from __future__ import annotations
+
+import time
+
+from ..models.hardware import Hardware
+from ..models.plan import SolverInfo, TuneResult, make_plan
+from ..models.workload import Workload
+from . import auto, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
+from .local import polish
+from .registry import SOLVERS, Deadline, SolveResult
+from .space import Space
+
+
+POLISH_SECONDS = 0.3
+
+
+class InfeasibleError(ValueError):
+    """No plan fits the hardware: the reason names the level and the bytes."""
+
+
+def check_capacities(space: Space) -> None:
+    need = space.min_footprint()
+    for lv in space.hardware.levels:
+        if lv.capacity_bytes < need:
+            raise InfeasibleError(
+                f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
+                f"(every tile 1) needs {need:.0f} bytes"
+            )
+
+
+def tune(
+    workload: Workload,
+    hardware: Hardware,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    top: int = 3,
+) -> TuneResult:
+    """Find the plan minimising predicted_seconds, plus up to `top` alternatives.
+
+    Raises InfeasibleError when nothing fits, ValueError on bad arguments, and
+    RuntimeError when the time limit passes before any feasible plan is found.
+    """
+    if solver not in SOLVERS:
+        raise ValueError(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
+    if time_limit <= 0:
+        raise ValueError(f"time limit must be > 0 seconds, got {time_limit}")
+    if top < 0:
+        raise ValueError(f"top must be >= 0, got {top}")
+    start = time.perf_counter()
+    space = Space(workload, hardware)
+    check_capacities(space)
+    deadline = Deadline(time_limit)
+    result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
+    if not result.plans:
+        if result.status == "infeasible":
+            raise InfeasibleError(result.message or "no tiling fits the level capacities")
+        raise RuntimeError(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
+    # Polishing only breaks ties and trims data movement: give it a short slice of the budget.
+    polish_deadline = Deadline(min(deadline.left(), POLISH_SECONDS))
+    plans = [polish(space, c, polish_deadline) for c in result.plans]
+    plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
+    costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops)) for c in plans[: top + 1]]
+    return TuneResult(
+        workload=workload,
+        hardware=hardware,
+        plan=costed[0],
+        solver=SolverInfo(
+            name=solver, status=result.status, seconds=time.perf_counter() - start, evaluated=result.evaluated
+        ),
+        alternatives=costed[1:],
+    )

@@ -1,0 +1,217 @@
+"""The `tune` console script end to end, including every bad input the issue names."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cachetile.models.hardware import host
+from cachetile.models.workload import builtin
+
+TUNE = [sys.executable, "-m", "cachetile.api.cli"]
+
+
+def tune(*args, check_rc=0):
+    proc = subprocess.run([*TUNE, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == check_rc, proc.stderr
+    return proc
+
+
+def bad(*args, match):
+    proc = tune(*args, check_rc=2)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("tune: error: "), proc.stderr
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert match in lines[0], lines[0]
+    return lines[0]
+
+
+def write(tmp_path, name, data):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else json.dumps(data))
+    return str(path)
+
+
+CUSTOM = {
+    "name": "two-level",
+    "levels": [
+        {"name": "near", "capacity_bytes": 4096, "bandwidth_bytes_per_s": 1e11},
+        {"name": "far", "capacity_bytes": 131072, "bandwidth_bytes_per_s": 1e10},
+    ],
+    "peak_flops": 1e15,
+}
+
+
+def test_json_document_shape_for_gemm_chain(tmp_path):
+    hw = write(tmp_path, "hw.json", CUSTOM)
+    doc = json.loads(tune("gemm-chain", "--M", "64", "--K", "32", "--batch", "2", "--hardware", hw, "--json", "--top", "2").stdout)
+    assert set(doc) == {"workload", "hardware", "plan", "solver", "alternatives"}
+    w = doc["workload"]
+    assert w["dims"] == {"b": 2, "m": 64, "l": 64, "k": 32, "n": 64}
+    assert w["signature"] == ["A", "B", "D", "E"]
+    assert w["tensors"]["C"] == {"dims": ["b", "m", "l"], "role": "intermediate"}
+    assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
+    assert doc["hardware"] == CUSTOM
+    plan = doc["plan"]
+    assert [lp["name"] for lp in plan["levels"]] == ["near", "far"]
+    assert {lp["capacity_bytes"] for lp in plan["levels"]} == {4096, 131072}
+    assert all(lp["mu_bytes"] <= lp["capacity_bytes"] for lp in plan["levels"])
+    assert set(plan) == {"levels", "predicted_seconds", "bottleneck"}
+    assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "capacity_bytes"}
+    assert doc["solver"]["status"] in ("optimal", "feasible") and doc["solver"]["name"] == "auto"
+    assert len(doc["alternatives"]) <= 2
+
+
+def test_custom_hardware_file_sets_levels_and_bottleneck(tmp_path):
+    hw = write(tmp_path, "hw.json", CUSTOM)
+    doc = json.loads(tune("gemm", "--M", "128", "--N", "128", "--K", "128", "--hardware", hw, "--json").stdout)
+    plan = doc["plan"]
+    times = {lp["name"]: lp["dv_bytes"] / lv["bandwidth_bytes_per_s"] for lp, lv in zip(plan["levels"], CUSTOM["levels"])}
+    assert plan["bottleneck"] == max(times, key=times.get)
+    assert plan["predicted_seconds"] == pytest.approx(max(times.values()))
+
+
+def test_workload_file_round_trips_the_plan_document(tmp_path):
+    out = tune("gemm", "--M", "32", "--N", "48", "--K", "16", "--hardware", "v100", "--json").stdout
+    path = write(tmp_path, "doc.json", out)
+    again = json.loads(tune("workload", path, "--hardware", "v100", "--json").stdout)
+    assert again["workload"] == json.loads(out)["workload"]
+    assert again["plan"]["predicted_seconds"] == json.loads(out)["plan"]["predicted_seconds"]
+
+
+def test_custom_workload_file(tmp_path):
+    # A matrix-vector chain the built-ins do not cover: y[i] = A[i,j] x[j]; z[i] = y[i] * s[i] as a 1-loop op.
+    workload = {
+        "kind": "gemv",
+        "dims": {"i": 64, "j": 48},
+        "dtype": "float64",
+        "tensors": {"A": {"dims": ["i", "j"]}, "x": {"dims": ["j"]}, "y": {"dims": ["i"]}},
+        "ops": [{"name": "gemv", "loops": ["i", "j"], "inputs": ["A", "x"], "output": "y"}],
+    }
+    doc = json.loads(tune("workload", write(tmp_path, "w.json", workload), "--hardware", "a100", "--json").stdout)
+    assert doc["workload"]["signature"] == ["A", "x", "y"]
+    assert doc["plan"]["levels"][2]["dv_bytes"] >= 8 * (64 * 48 + 48 + 64)
+
+
+def test_table_output_lists_every_level():
+    out = tune("gemm", "--M", "256", "--N", "256", "--K", "256", "--hardware", "h100", "--top", "1").stdout
+    for name in ("registers", "shared", "L2"):
+        assert any(line.startswith(name) for line in out.splitlines())
+    assert "alternative 1:" in out and "bound by" in out
+
+
+def test_hardware_command():
+    assert "h100" in tune("hardware").stdout
+    doc = json.loads(tune("hardware", "a100", "--json").stdout)
+    assert [lv["name"] for lv in doc["levels"]] == ["registers", "shared", "L2"]
+    assert doc["levels"][1]["capacity_bytes"] == 163 * 1024
+    doc = json.loads(tune("hardware", "host", "--json").stdout)
+    assert doc == json.loads(host().model_dump_json())
+    assert doc["levels"][0]["name"] == "registers"
+
+
+def test_gemm_chain_defaults_to_m():
+    doc = json.loads(tune("gemm-chain", "--M", "32", "--hardware", "v100", "--json").stdout)
+    assert doc["workload"]["dims"] == {"m": 32, "l": 32, "k": 32, "n": 32}
+
+
+@pytest.mark.parametrize(
+    "args,match",
+    [
+        (["gemm", "--M", "0", "--N", "4", "--K", "4"], "argument --M: 0 must be >= 1"),
+        (["gemm", "--M", "-3", "--N", "4", "--K", "4"], "argument --M: -3 must be >= 1"),
+        (["gemm", "--M", "x", "--N", "4", "--K", "4"], "argument --M: 'x' is not an integer"),
+        (["gemm-chain", "--M", "8", "--batch", "0"], "argument --batch: 0 must be >= 1"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--dtype", "float8"], "argument --dtype: invalid choice: 'float8'"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--hardware", "tpu"], "unknown hardware 'tpu'"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--solver", "magic"], "argument --solver: invalid choice: 'magic'"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--time-limit", "0"], "argument --time-limit: 0 must be > 0"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--top", "-1"], "argument --top: -1 must be >= 0"),
+        (["gemm", "--M", "4", "--N", "4"], "the following arguments are required: --K"),
+        (["workload", "/nonexistent/w.json"], "cannot read /nonexistent/w.json"),
+        (["hardware", "tpu"], "unknown hardware 'tpu'"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments(args, match):
+    bad(*args, match=match)
+
+
+def test_capacity_nothing_fits_in(tmp_path):
+    tiny = {**CUSTOM, "levels": [{"name": "near", "capacity_bytes": 8, "bandwidth_bytes_per_s": 1e9}]}
+    bad("gemm", "--M", "16", "--N", "16", "--K", "16", "--hardware", write(tmp_path, "hw.json", tiny),
+        match="level 'near' holds 8 bytes but the smallest tiling (every tile 1) needs 12 bytes")
+
+
+@pytest.mark.parametrize(
+    "workload,match",
+    [
+        ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
+        ('{"kind": "gemm", "dims": {"m": 0, "n": 4, "k": 4}}', "dims: loop 'm' has extent 0; extents must be >= 1"),
+        ('{"kind": "gemm", "dims": {"m": -2, "n": 4, "k": 4}}', "loop 'm' has extent -2"),
+        ('{"kind": "gemm", "dims": {"m": 4, "n": 4, "k": 4}, "dtype": "float8"}', "unknown dtype 'float8'"),
+        ('{"kind": "conv", "dims": {"m": 4}}', "unknown workload kind 'conv'"),
+        ('{"kind": "gemm", "dims": {"m": 4, "n": 4}}', "gemm needs extents for ['k']"),
+        ('[1, 2]', "a workload must be a JSON object"),
+    ],
+)
+def test_bad_workload_files(tmp_path, workload, match):
+    bad("workload", write(tmp_path, "w.json", workload), match=match)
+
+
+FULL = {
+    "dims": {"m": 4, "n": 4, "k": 4},
+    "tensors": {"A": {"dims": ["m", "k"]}, "B": {"dims": ["k", "n"]}, "C": {"dims": ["m", "n"]}},
+    "ops": [{"name": "g", "loops": ["m", "n", "k"], "inputs": ["A", "B"], "output": "C"}],
+}
+
+
+@pytest.mark.parametrize(
+    "patch,match",
+    [
+        ({"dtype": "complex64"}, "dtype: Input should be 'float32', 'float16', 'bfloat16', 'float64', 'int8' or 'int32'"),
+        ({"tensors": {**FULL["tensors"], "A": {"dims": ["m", "q"]}}}, "tensor 'A' is indexed by unknown loop(s) ['q']"),
+        ({"ops": FULL["ops"] * 2}, "op outputs must be unique, got ['C', 'C']"),
+        ({"dims": {"m": 4, "n": 4, "k": 0}}, "dims: Value error, loop 'k' has extent 0; extents must be >= 1".replace("Value error, ", "")),
+        ({"tensors": {**FULL["tensors"], "C": {"dims": ["m", "n"], "role": "input"}}}, "tensor 'C' is declared 'input' but the ops make it 'output'"),
+        ({"signature": ["A", "B"]}, "signature must list each input and output tensor once: ['A', 'B', 'C']"),
+    ],
+)
+def test_bad_full_workloads(tmp_path, patch, match):
+    bad("workload", write(tmp_path, "w.json", {**FULL, **patch}), match=match)
+
+
+@pytest.mark.parametrize(
+    "hardware,match",
+    [
+        ("{", "is not valid JSON"),
+        ({**CUSTOM, "levels": []}, "levels: List should have at least 1 item after validation, not 0"),
+        ({**CUSTOM, "peak_flops": 0}, "peak_flops: Input should be greater than 0"),
+        ({**CUSTOM, "levels": [{"name": "x", "capacity_bytes": -1, "bandwidth_bytes_per_s": 1}]}, "levels.0.capacity_bytes: Input should be greater than 0"),
+        ({**CUSTOM, "levels": [CUSTOM["levels"][0]] * 2}, "level names must be unique"),
+    ],
+)
+def test_bad_hardware_files(tmp_path, hardware, match):
+    bad("gemm", "--M", "4", "--N", "4", "--K", "4", "--hardware", write(tmp_path, "hw.json", hardware), match=match)
+
+
+def test_console_script_is_installed():
+    import shutil
+
+    exe = shutil.which("tune") or str(__import__("pathlib").Path(sys.executable).with_name("tune"))
+    proc = subprocess.run([exe, "hardware"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "presets" in proc.stdout
+
+
+def test_cli_does_not_import_tvm_or_pyomo_for_enumerate():
+    code = (
+        "import sys; from cachetile.api.cli import main; main(['gemm','--M','8','--N','8','--K','8','--solver','enumerate','--hardware','v100']);"
+        "print('LOADED', sorted(m for m in ('tvm','pyomo') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60).stdout
+    assert "LOADED []" in out
+
+
+def test_builtin_names_dims_in_row_major_order():
+    w = builtin("batch-gemm", {"b": 2, "m": 3, "n": 4, "k": 5})
+    assert w.tensors["A"].dims == ["b", "m", "k"] and w.signature == ["A", "B", "C"]

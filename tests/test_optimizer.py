@@ -1,0 +1,127 @@
+"""Solvers against brute force, against each other, and their statuses."""
+import itertools
+
+import numpy as np
+import pytest
+from conftest import memory_bound
+
+from cachetile.models.costmodel import data_volume, memory_usage
+from cachetile.models.plan import make_plan
+from cachetile.models.workload import builtin
+from cachetile.optimizer.registry import Deadline, SOLVERS
+from cachetile.optimizer.space import Space, order_classes, tile_candidates
+from cachetile.optimizer.tune import InfeasibleError, tune
+
+ONE_LEVEL = [
+    ("gemm", {"m": 12, "n": 10, "k": 9}, 256),
+    ("gemm", {"m": 7, "n": 16, "k": 5}, 128),
+    ("batch-gemm", {"b": 3, "m": 6, "n": 5, "k": 7}, 200),
+    ("gemm-chain", {"m": 8, "k": 5, "l": 9, "n": 6}, 300),
+    ("gemm-chain", {"b": 2, "m": 6, "k": 4, "l": 7, "n": 3}, 160),
+]
+
+
+def brute_force_one_level(w, capacity, bandwidth):
+    """Minimum predicted time over every integer tile and every valid order (not just order classes)."""
+    grids = np.meshgrid(*[np.arange(1, e + 1) for e in w.dims.values()], indexing="ij")
+    tile = {x: g.ravel() for x, g in zip(w.dims, grids)}
+    fits = memory_usage(w, tile) <= capacity
+    best = np.inf
+    for order in order_classes(w, key=lambda _, o: o):
+        dv = data_volume(w, [order], [tile])[0]
+        best = min(best, float(np.where(fits, dv, np.inf).min()))
+    return max(best / bandwidth, w.flops / 1e30)
+
+
+@pytest.mark.parametrize("kind,dims,capacity", ONE_LEVEL)
+def test_enumerate_reaches_brute_force_optimum(kind, dims, capacity):
+    w = builtin(kind, dims)
+    hw = memory_bound([("L1", capacity, 1e9)])
+    result = tune(w, hw, "enumerate", time_limit=60, top=0)
+    assert result.solver.status == "optimal"
+    assert result.plan.predicted_seconds == pytest.approx(brute_force_one_level(w, capacity, 1e9), rel=1e-12)
+    assert result.plan.levels[0].mu_bytes <= capacity
+
+
+MULTI_LEVEL = [
+    ("gemm", {"m": 48, "n": 40, "k": 36}, [("R", 256, 4e11), ("L1", 4096, 1e11)]),
+    ("gemm-chain", {"m": 32, "k": 16, "l": 24, "n": 16}, [("R", 512, 4e11), ("L1", 8192, 1e11)]),
+    ("gemm", {"m": 64, "n": 48, "k": 40}, [("R", 256, 4e11), ("L1", 4096, 1e11), ("L2", 65536, 2e10)]),
+    ("batch-gemm", {"b": 2, "m": 24, "n": 20, "k": 16}, [("R", 256, 4e11), ("L1", 4096, 1e11), ("L2", 32768, 2e10)]),
+]
+
+
+@pytest.mark.parametrize("solver", ["pyomo-ipopt", "pyomo-scip"])
+@pytest.mark.parametrize("case", ONE_LEVEL[:4] + MULTI_LEVEL, ids=lambda c: f"{c[0]}-{len(c[2]) if isinstance(c[2], list) else 1}")
+def test_pyomo_solvers_within_two_percent_of_enumerate(solver, case):
+    kind, dims, levels = case
+    hw = memory_bound(levels if isinstance(levels, list) else [("L1", levels, 1e9)])
+    w = builtin(kind, dims)
+    exact = tune(w, hw, "enumerate", time_limit=60, top=0)
+    assert exact.solver.status == "optimal"
+    result = tune(w, hw, solver, time_limit=60, top=0)
+    assert result.solver.status in ("feasible", "optimal")
+    assert result.plan.predicted_seconds <= 1.02 * exact.plan.predicted_seconds
+    for lp in result.plan.levels:
+        assert lp.mu_bytes <= lp.capacity_bytes
+
+
+def test_plan_levels_respect_capacity_nesting_and_costs():
+    w = builtin("gemm-chain", {"b": 2, "m": 64, "k": 32, "l": 64, "n": 32})
+    hw = memory_bound([("R", 1024, 4e11), ("L1", 16384, 1e11), ("L2", 262144, 2e10)])
+    result = tune(w, hw, "enumerate", time_limit=60, top=3)
+    plans = [result.plan, *result.alternatives]
+    assert [p.predicted_seconds for p in plans] == sorted(p.predicted_seconds for p in plans)
+    for plan in plans:
+        orders = [lp.order for lp in plan.levels]
+        tiles = [lp.tile for lp in plan.levels]
+        again = make_plan(w, hw, orders, tiles)  # re-costed independently of the search
+        assert again.predicted_seconds == pytest.approx(plan.predicted_seconds, rel=1e-12)
+        for inner, outer in zip(plan.levels, plan.levels[1:]):
+            assert all(inner.tile[x] <= outer.tile[x] for x in w.dims)
+        for lp in plan.levels:
+            assert lp.mu_bytes <= lp.capacity_bytes
+            assert lp.order.index("k") > max(lp.order.index(x) for x in ("b", "m", "l"))
+
+
+def test_compute_bound_plan_is_proven_optimal_and_names_compute():
+    w = builtin("gemm", {"m": 256, "n": 256, "k": 256})
+    hw = memory_bound([("L1", 32768, 1e12)]).model_copy(update={"peak_flops": 1e9})
+    result = tune(w, hw, "enumerate", time_limit=30, top=0)
+    assert result.solver.status == "optimal"
+    assert result.plan.bottleneck == "compute"
+    assert result.plan.predicted_seconds == pytest.approx(2 * 256**3 / 1e9)
+
+
+def test_nothing_fits_is_infeasible_with_reason():
+    w = builtin("gemm", {"m": 64, "n": 64, "k": 64})
+    hw = memory_bound([("tiny", 8, 1e9)])
+    with pytest.raises(InfeasibleError, match=r"level 'tiny' holds 8 bytes but the smallest tiling \(every tile 1\) needs 12 bytes"):
+        tune(w, hw, "enumerate")
+
+
+def test_time_limit_reports_timeout():
+    w = builtin("gemm", {"m": 1000, "n": 1000, "k": 1000})
+    hw = memory_bound([("R", 2048, 6e11), ("L1", 49152, 3e11), ("L2", 2**21, 1.6e11), ("L3", 2**25, 4e10)])
+    space = Space(w, hw)
+    start = Deadline(0.3)
+    result = SOLVERS["enumerate"](space, start, 3)
+    assert result.status == "timeout"
+    assert start.left() > -0.5  # stopped close to the limit, not minutes later
+
+
+def test_candidates_cover_divisors_powers_of_two_and_small_ranges():
+    c = set(tile_candidates(96).tolist())
+    assert {d for d in range(1, 97) if 96 % d == 0} <= c
+    assert {1, 2, 4, 8, 16, 32, 64} <= c
+    assert set(tile_candidates(64).tolist()) == set(range(1, 65))
+    assert 27 in tile_candidates(80)  # ceil(80 / 3): the smallest tile with three blocks
+
+
+def test_unknown_solver_and_bad_limits():
+    w = builtin("gemm", {"m": 4, "n": 4, "k": 4})
+    hw = memory_bound([("L1", 1024, 1e9)])
+    with pytest.raises(ValueError, match="unknown solver 'magic'"):
+        tune(w, hw, "magic")
+    with pytest.raises(ValueError, match="time limit must be > 0 seconds"):
+        tune(w, hw, "enumerate", time_limit=0)
