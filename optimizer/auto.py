@@ -1,14 +1,17 @@
-"""`auto`: exact enumeration first; a Pyomo model for what is left of the budget if that times out."""
+"""`auto`: exact enumeration with 60% of the budget; if that times out, pyomo-ipopt with the rest, best of both."""
 from __future__ import annotations
 
 from .registry import SOLVERS, Deadline, SolveResult, TopK, register
 from .space import Space
 
 
+ENUMERATE_SHARE = 0.6
+
+
 @register("auto")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     # Enumeration is exact and usually fastest; keep a share of the budget for the NLP fallback.
-    first = Deadline(max(deadline.left() * 0.7, 0.0))
+    first = Deadline(max(deadline.left() * ENUMERATE_SHARE, 0.0))
     result = SOLVERS["enumerate"](space, first, top)
     if result.status != "timeout" or deadline.left() <= 0.1:
         return result

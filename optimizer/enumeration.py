@@ -4,10 +4,12 @@ Levels are fixed outermost first, since DV_l depends only on levels >= l. At
 each node every (order class, tile) choice for the next level inward is costed
 at once with numpy; a child whose partial objective, max(compute, slowest link
 so far), cannot beat the k-th best plan is pruned, and the rest are visited best
-first. The coarse candidate set is searched first; if its best plan meets the
-global lower bound (compute time, or each level loading every tensor once) it
-is optimal over the fine set as well, otherwise the fine set is searched with
-that incumbent.
+first. The coarse candidate set is searched first, for at most a quarter of
+the time limit; if its best plan meets the global lower bound (compute time,
+or each level loading every tensor once) it is optimal over the fine set as
+well, otherwise the fine set is searched with those incumbents. Once k plans
+are held, a per-level floor (single_level_bound, as a running-minimum table
+over the candidate grid) both prunes and orders the children.
 """
 from __future__ import annotations
 
@@ -22,37 +24,59 @@ class _Timeout(Exception):
     pass
 
 
-def level_rows(space: Space, level: int) -> np.ndarray:
-    """All candidate tiles of one level (rows, columns in Space.loops order) that fit its capacity."""
+GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
+
+
+def _grid(space: Space) -> np.ndarray:
+    """Every combination of candidate tiles, one row each (columns in Space.loops order)."""
     grids = np.meshgrid(*[space.candidates[x] for x in space.loops], indexing="ij")
-    rows = np.stack([g.ravel() for g in grids], axis=1)
-    mu = memory_usage(space.workload, {x: rows[:, i] for i, x in enumerate(space.loops)})
-    return rows[mu <= space.hardware.levels[level].capacity_bytes]
+    return np.stack([g.ravel() for g in grids], axis=1)
 
 
 class _Search:
     def __init__(self, space: Space, deadline: Deadline, best: TopK):
         self.space, self.deadline, self.best = space, deadline, best
-        self.rows = [level_rows(space, j) for j in range(space.n_levels)]
-        self.floors: dict[int, np.ndarray] = {}
+        grid = _grid(space)
+        self.grid_mu = memory_usage(space.workload, {x: grid[:, i] for i, x in enumerate(space.loops)})
+        self.grid = grid
+        # Candidate tiles that fit each level.
+        self.rows = [grid[self.grid_mu <= lv.capacity_bytes] for lv in space.hardware.levels]
+        self.floor_tables: dict[int, np.ndarray | None] = {}
         self.evaluated = 0
 
-    def _floor(self, level: int) -> np.ndarray:
-        """Per candidate tile of `level`, a bound on its time that no choice elsewhere can lower."""
-        if level not in self.floors:
-            rows, sp = self.rows[level], self.space
-            dv = single_level_bound(sp.workload, {x: rows[:, i] for i, x in enumerate(sp.loops)})
-            self.floors[level] = dv / sp.hardware.levels[level].bandwidth_bytes_per_s
-        return self.floors[level]
+    def _floor_table(self, level: int) -> np.ndarray | None:
+        """Over the candidate grid: the least time `level` can take with a tile <= each cell.
 
-    def _inner_floor(self, level: int, tile: np.ndarray) -> float:
-        """Best case for the levels inside `level` when its tile is `tile`."""
-        worst = 0.0
+        Built from single_level_bound (which no choice at other levels can beat),
+        with +inf where the tile does not fit, then a running minimum along every
+        axis, so one lookup bounds all tiles nested inside a parent tile.
+        """
+        if level not in self.floor_tables:
+            sp = self.space
+            shape = tuple(len(sp.candidates[x]) for x in sp.loops)
+            table = None
+            if np.prod(shape) <= GRID_LIMIT:
+                if self.deadline.expired():
+                    raise _Timeout
+                tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
+                lv = sp.hardware.levels[level]
+                t = single_level_bound(sp.workload, tile) / lv.bandwidth_bytes_per_s
+                t = np.where(self.grid_mu <= lv.capacity_bytes, t, np.inf).reshape(shape)
+                for axis in range(len(shape)):
+                    t = np.minimum.accumulate(t, axis=axis)
+                table = t
+            self.floor_tables[level] = table
+        return self.floor_tables[level]
+
+    def _inner_floor(self, level: int, rows: np.ndarray) -> np.ndarray:
+        """For each candidate tile of `level`, the least time any level inside it can take."""
+        sp = self.space
+        index = tuple(np.searchsorted(sp.candidates[x], rows[:, i]) for i, x in enumerate(sp.loops))
+        worst = np.zeros(len(rows))
         for j in range(level):
-            fits = np.all(self.rows[j] <= tile, axis=1)
-            if not fits.any():
-                return np.inf
-            worst = max(worst, float(self._floor(j)[fits].min()))
+            table = self._floor_table(j)
+            if table is not None:
+                worst = np.maximum(worst, table[index])
         return worst
 
     def run(self) -> None:
@@ -69,24 +93,33 @@ class _Search:
         bw = sp.hardware.levels[level].bandwidth_bytes_per_s
         secs = []
         for order in sp.orders:
+            if self.deadline.expired():
+                raise _Timeout
             dv = data_volume(sp.workload, (order, *outer_orders), [tile, *outer_tiles], levels=[0])[0]
             secs.append(np.broadcast_to(dv / bw, (len(rows),)))
         self.evaluated += len(rows) * len(sp.orders)
         secs = np.stack(secs)  # (orders, rows)
+        # Fold in the best the inner levels can do under each child: a bound, and a guide
+        # that steers the search to children leaving room for good inner tiles.
+        # (Skipped until k plans are held: the first dive needs no bound, and when compute
+        # bounds the time it is also the last.)
+        guided = level > 0 and np.isfinite(self.best.worst_primary())
+        inner = self._inner_floor(level, rows)[None, :] if guided else 0.0
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
-        bound = np.maximum(sp.compute_seconds, cmax)
+        bound = np.maximum(sp.compute_seconds, np.maximum(cmax, inner))
+        guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())
         if len(keep) == 0:
             return
         # Among equal costs visit larger tiles first: they leave the inner levels more room.
         volume = np.broadcast_to(np.prod(rows.astype(float), axis=1), secs.shape).ravel()
-        keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], cmax.ravel()[keep], bound.ravel()[keep]))]
+        keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
             for flat in keep[: self.best.k]:
                 o, r = divmod(int(flat), n_rows)
-                orders = ((sp.orders[o], *outer_orders))
+                orders = (sp.orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 key = (float(bound.flat[flat]), float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(orders, tiles, key))
@@ -98,8 +131,6 @@ class _Search:
             if bound.flat[flat] >= cutoff or cutoff <= sp.lower_bound * (1 + 1e-12):
                 return  # children are sorted by bound, and nothing beats the lower bound
             o, r = divmod(int(flat), n_rows)
-            if np.isfinite(cutoff) and max(bound.flat[flat], self._inner_floor(level, rows[r])) >= cutoff:
-                continue
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
@@ -107,23 +138,33 @@ class _Search:
             )
 
 
+COARSE_SHARE = 0.25  # of the time limit, for the coarse pass that finds incumbents
+
+
 @register("enumerate")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     best = TopK(max(top, 1))
     evaluated = 0
     coarse = Space(space.workload, space.hardware, fine=False)
-    for sp in (coarse, space):
-        if sp is space and all(np.array_equal(sp.candidates[x], coarse.candidates[x]) for x in sp.loops):
-            break  # the fine set adds nothing: the coarse search was already exhaustive
-        search = _Search(sp, deadline, best)
+    passes = [(coarse, Deadline(deadline.left() * COARSE_SHARE)), (space, deadline)]
+    if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
+        passes = [(space, deadline)]  # the fine set adds nothing
+    status = "optimal"
+    for sp, limit in passes:
+        search = _Search(sp, limit, best)
         try:
             search.run()
+            status = "optimal"  # this pass was exhaustive over its (finer) space
         except _Timeout:
-            evaluated += search.evaluated
-            return SolveResult("timeout", best.items, evaluated, "time limit reached; best plan so far")
+            status = "timeout"
         evaluated += search.evaluated
         if best.items and best.items[0].key[0] <= space.lower_bound * (1 + 1e-12):
-            break  # meets the lower bound: nothing in the fine set can do better
+            status = "optimal"  # meets the lower bound: no space can do better
+            break
+        if deadline.expired():
+            break
     if not best.items:
+        if status == "timeout":
+            return SolveResult("timeout", [], evaluated, "time limit reached before any plan")
         return SolveResult("infeasible", [], evaluated, "no tiling fits the level capacities")
-    return SolveResult("optimal", best.items, evaluated)
+    return SolveResult(status, best.items, evaluated, "" if status == "optimal" else "time limit reached; best plan so far")

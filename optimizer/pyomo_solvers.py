@@ -199,8 +199,11 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
     solved = [0]
     conditions: list[str] = []
 
+    def at_bound() -> bool:
+        return bool(best.items) and best.items[0].key[0] <= space.lower_bound * (1 + 1e-12)
+
     def attempt(choice) -> Candidate | None:
-        if deadline.expired():
+        if deadline.expired() or at_bound():
             return None
         model, extract = build(space, choice)
         cond = _run(kind, model, deadline.left())
@@ -224,7 +227,7 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
         current = tuple([choices[0]] * space.n_levels)
         current_key = (attempt(current) or Candidate((), (), (np.inf,) * 3)).key
         improved = True
-        while improved and not deadline.expired():
+        while improved and not deadline.expired() and not at_bound():
             improved = False
             for j in reversed(range(space.n_levels)):
                 for choice in choices:
@@ -234,6 +237,8 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
                     cand = attempt(trial)
                     if cand is not None and cand.key < current_key:
                         current, current_key, improved = trial, cand.key, True
+    if at_bound():  # meets the lower bound: nothing can do better
+        return SolveResult("optimal", best.items, solved[0])
     timed_out = deadline.expired() or any(c == "maxTimeLimit" for c in conditions)
     if not best.items:
         status = "timeout" if timed_out else "infeasible"

@@ -37,35 +37,37 @@ def tile_candidates(extent: int, fine: bool = True) -> np.ndarray:
     return np.array(sorted(values), dtype=np.int64)
 
 
-def order_signature(workload: Workload, order) -> tuple:
-    """What of a level's order the cost model can see (see module docstring)."""
-    sig = []
+def _tensor_walks(workload: Workload, order):
+    """For each op's input/output tensor: the op's loops in `order` and the tensor's loops."""
     for op in workload.ops:
         walk = [x for x in order if x in op.loops]
         for name in workload.io_tensors(op):
-            tdims = set(workload.tensors[name].dims)
-            runs: list[tuple[bool, frozenset]] = []
-            for x in walk:
-                is_t = x in tdims
-                if runs and runs[-1][0] == is_t:
-                    runs[-1] = (is_t, runs[-1][1] | {x})
-                else:
-                    runs.append((is_t, frozenset({x})))
-            while runs and not runs[-1][0]:
-                runs.pop()
-            sig.append(tuple(runs))
+            yield walk, set(workload.tensors[name].dims)
+
+
+def order_signature(workload: Workload, order) -> tuple:
+    """What of a level's order the cost model can see (see module docstring)."""
+    sig = []
+    for walk, tdims in _tensor_walks(workload, order):
+        runs: list[tuple[bool, frozenset]] = []
+        for x in walk:
+            is_t = x in tdims
+            if runs and runs[-1][0] == is_t:
+                runs[-1] = (is_t, runs[-1][1] | {x})
+            else:
+                runs.append((is_t, frozenset({x})))
+        while runs and not runs[-1][0]:
+            runs.pop()
+        sig.append(tuple(runs))
     return tuple(sig)
 
 
 def relaxed_signature(workload: Workload, order) -> tuple:
     """The signature when every loop runs more than once: per tensor, the other loops before its last loop."""
     sig = []
-    for op in workload.ops:
-        walk = [x for x in order if x in op.loops]
-        for name in workload.io_tensors(op):
-            tdims = set(workload.tensors[name].dims)
-            last = max((i for i, x in enumerate(walk) if x in tdims), default=-1)
-            sig.append(frozenset(x for x in walk[:last] if x not in tdims))
+    for walk, tdims in _tensor_walks(workload, order):
+        last = max((i for i, x in enumerate(walk) if x in tdims), default=-1)
+        sig.append(frozenset(x for x in walk[:last] if x not in tdims))
     return tuple(sig)
 
 
