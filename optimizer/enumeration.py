@@ -25,6 +25,7 @@ class _Timeout(Exception):
 
 
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
+GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 
 
 def _grid(space: Space) -> np.ndarray:
@@ -149,12 +150,16 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     passes = [(coarse, Deadline(deadline.left() * COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing
-    status = "optimal"
+    if coarse.grid_size() > GRID_MAX:
+        return SolveResult("timeout", [], 0, f"{coarse.grid_size()} tile combinations per level is more than enumerate handles ({GRID_MAX})")
+    if space.grid_size() > GRID_MAX:
+        passes = [(coarse, deadline)]  # the fine grid is too large to hold: the best plan is only feasible
+    status = "timeout"
     for sp, limit in passes:
         search = _Search(sp, limit, best)
         try:
             search.run()
-            status = "optimal"  # this pass was exhaustive over its (finer) space
+            status = "optimal" if sp is space else "feasible"  # optimal: exhaustive over the documented space
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated
@@ -167,4 +172,4 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         if status == "timeout":
             return SolveResult("timeout", [], evaluated, "time limit reached before any plan")
         return SolveResult("infeasible", [], evaluated, "no tiling fits the level capacities")
-    return SolveResult(status, best.items, evaluated, "" if status == "optimal" else "time limit reached; best plan so far")
+    return SolveResult(status, best.items, evaluated)

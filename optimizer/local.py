@@ -1,9 +1,11 @@
 """Local search on the exact cost model: repair infeasible tiles, then polish.
 
 Used after rounding a continuous solution and to break the objective's ties
-(see registry.py) once a solver has a plan: each round tries every single-step
-tile change (to the neighbouring candidate) and every other order class at each
-level, and takes the best move that improves the ranking key.
+(see registry.py) once a solver has a plan: each round tries, for every loop at
+every level, the neighbouring candidates, half, double, 1, the full extent and
+the adjacent levels' tiles (other levels follow to keep the nesting), and every
+other order class at each level; it takes the best move that improves the
+ranking key.
 """
 from __future__ import annotations
 

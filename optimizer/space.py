@@ -14,6 +14,7 @@ order per class is searched.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,8 +31,10 @@ def tile_candidates(extent: int, fine: bool = True) -> np.ndarray:
     values |= {1 << i for i in range(extent.bit_length()) if 1 << i < extent}
     values.add(extent)
     if fine:
-        # The smallest tile giving each block count: balanced tiles need no divisor.
-        values |= {-(-extent // q) for q in range(1, extent + 1)}
+        # The smallest tile giving each block count q; past sqrt(E) those are all small
+        # integers, so every integer up to sqrt(E) + 1 stands in for them.
+        root = math.isqrt(extent)
+        values |= {-(-extent // q) for q in range(1, root + 1)} | set(range(1, min(extent, root + 1) + 1))
         if extent <= 64:
             values |= set(range(1, extent + 1))
     return np.array(sorted(values), dtype=np.int64)
@@ -110,6 +113,10 @@ class Space:
             float(np.prod([w.dims[x] for x in t.dims])) for t in w.tensors.values() if t.role != "intermediate"
         ) * w.elem_bytes
         self.lower_bound = max([self.compute_seconds] + [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels])
+
+    def grid_size(self) -> int:
+        """Number of tile combinations per level."""
+        return math.prod(len(c) for c in self.candidates.values())
 
     @property
     def n_levels(self) -> int:
