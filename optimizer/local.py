@@ -43,6 +43,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     """Improve `cand`'s ranking key by single moves until none helps or time runs short."""
     loops, n = space.loops, space.n_levels
     best = cand
+    best_fill = _fill(space, best.tile_dicts(loops))
     for _ in range(rounds):
         if deadline.expired():
             break
@@ -71,13 +72,17 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     old = tiles[i][x]
                     arrays[i][x][m] = v if i == j else max(old, v) if i > j else min(old, v)
             pred, mmax, msum, ok = score(space, best.orders, arrays)
+            fill = _fill(space, arrays)
             keys = np.where(ok, pred, np.inf)
-            order = np.lexsort((msum, mmax, keys))
+            order = np.lexsort((fill, msum, mmax, keys))
             m = int(order[0])
             key = (float(pred[m]), float(mmax[m]), float(msum[m]))
-            if ok[m] and key < best.key:
+            # A move that keeps the key but frees capacity is taken too: it opens the way
+            # for the next move (e.g. shrink k so that m and n can grow).
+            if ok[m] and (key, float(fill[m])) < (best.key, best_fill):
                 moved = tuple(tuple(int(arrays[i][y][m]) for y in loops) for i in range(n))
                 improved = Candidate(best.orders, moved, key)
+                improved_fill = float(fill[m])
         tiles = best.tile_dicts(loops)
         for j in range(n):
             for order in space.orders:
@@ -86,8 +91,15 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                 orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
                 key, ok = _key(space, orders, tiles)
                 if ok and key < (improved or best).key:
-                    improved = Candidate(orders, best.tiles, key)
+                    improved, improved_fill = Candidate(orders, best.tiles, key), best_fill
         if improved is None:
             break
-        best = improved
+        best, best_fill = improved, improved_fill
     return best
+
+
+def _fill(space: Space, tiles) -> np.ndarray:
+    """How full the levels are: the sum over levels of MU / capacity."""
+    return sum(
+        memory_usage(space.workload, tiles[j]) / lv.capacity_bytes for j, lv in enumerate(space.hardware.levels)
+    )
