@@ -16,10 +16,10 @@ import sys
 
 from pydantic import ValidationError
 
-from ..models.hardware import PRESETS, Hardware, hardware_from
+from ..models.hardware import PRESETS, Hardware, hardware_from, read_json
 from ..models.plan import TuneResult
 from ..models.workload import DTYPE_BYTES, Workload, builtin, workload_from_dict
-from ..models.hardware import read_json
+from ..optimizer.tune import SOLVERS, tune
 
 
 class UsageError(Exception):
@@ -53,9 +53,6 @@ _positive_float = _number(float, 0, inclusive=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ..optimizer.registry import SOLVERS  # noqa: F401  (names only; solvers register on import below)
-    from ..optimizer import tune as _tune  # noqa: F401
-
     common = _Parser(add_help=False)
     common.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES), help="element type (default float32)")
     common.add_argument("--hardware", default="host", help=f"{'|'.join(PRESETS)} or a JSON file (default host)")
@@ -186,8 +183,6 @@ def run(argv: list[str]) -> int:
         hw = hardware_from(args.name)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0
-    from ..optimizer.tune import tune
-
     result = tune(_workload(args), hardware_from(args.hardware), args.solver, args.time_limit, args.top)
     print(result.model_dump_json(indent=2) if args.json else format_table(result))
     return 0

@@ -26,6 +26,7 @@ class _Timeout(Exception):
 
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
+CHUNK = 100_000  # candidate tiles costed per numpy call
 
 
 def _grid(space: Space) -> np.ndarray:
@@ -92,14 +93,15 @@ class _Search:
             return
         tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         bw = sp.hardware.levels[level].bandwidth_bytes_per_s
-        secs = []
-        for order in sp.orders:
-            if self.deadline.expired():
-                raise _Timeout
-            dv = data_volume(sp.workload, (order, *outer_orders), [tile, *outer_tiles], levels=[0])[0]
-            secs.append(np.broadcast_to(dv / bw, (len(rows),)))
+        secs = np.empty((len(sp.orders), len(rows)))
+        for o, order in enumerate(sp.orders):
+            for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
+                if self.deadline.expired():
+                    raise _Timeout
+                part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
+                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0])[0]
+                secs[o, lo : lo + CHUNK] = dv / bw
         self.evaluated += len(rows) * len(sp.orders)
-        secs = np.stack(secs)  # (orders, rows)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
         # (Skipped until k plans are held: the first dive needs no bound, and when compute

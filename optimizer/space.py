@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.costmodel import check_order
+from ..models.costmodel import check_order, memory_usage
 from ..models.hardware import Hardware
 from ..models.workload import Workload
 
@@ -124,6 +124,4 @@ class Space:
 
     def min_footprint(self) -> float:
         """MU with every tile 1: below this no level can hold a plan."""
-        from ..models.costmodel import memory_usage
-
         return float(memory_usage(self.workload, {x: 1 for x in self.loops}))
