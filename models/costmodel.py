@@ -34,7 +34,6 @@ and results broadcast.
 from __future__ import annotations
 
 import itertools
-
 from typing import Mapping, Sequence
 
 import numpy as np
