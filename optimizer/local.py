@@ -1,11 +1,8 @@
 """Local search on the exact cost model: repair infeasible tiles, then polish.
 
 Used after rounding a continuous solution and to break the objective's ties
-(see registry.py) once a solver has a plan: each round tries, for every loop at
-every level, the neighbouring candidates, half, double, 1, the full extent and
-the adjacent levels' tiles (other levels follow to keep the nesting), and every
-other order class at each level; it takes the best move that improves the
-ranking key.
+(see registry.py) once a solver has a plan: each round tries every single tile
+change (see _tile_moves) and every other order class at each level.
 """
 from __future__ import annotations
 
@@ -39,67 +36,86 @@ def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
     return (float(pred), float(mmax), float(msum)), bool(ok)
 
 
-def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) -> Candidate:
-    """Improve `cand`'s ranking key by single moves until none helps or time runs short."""
-    loops, n = space.loops, space.n_levels
-    best = cand
-    best_fill = _fill(space, best.tile_dicts(loops))
-    for _ in range(rounds):
-        if deadline.expired():
-            break
-        tiles = best.tile_dicts(loops)
-        moves = []  # (level, loop, new value)
-        for j in range(n):
-            for x in loops:
-                c = space.candidates[x]
-                now = tiles[j][x]
-                i = int(np.searchsorted(c, now))
-                # Neighbouring candidates, halving and doubling, and the two ends (a single trip
-                # at either side changes which loops the model sees).
-                targets = {int(c[k]) for k in (i - 1, i + 1 if c[min(i, len(c) - 1)] == now else i) if 0 <= k < len(c)}
-                targets |= {max(1, now // 2), now * 2, 1, space.workload.dims[x]}
-                if j + 1 < n:
-                    targets.add(tiles[j + 1][x])
-                if j > 0:
-                    targets.add(tiles[j - 1][x])
-                moves += [(j, x, v) for v in sorted(targets) if v != now and 1 <= v <= space.workload.dims[x]]
-        improved = None
-        if moves:
-            arrays = [{x: np.full(len(moves), tiles[j][x]) for x in loops} for j in range(n)]
-            for m, (j, x, v) in enumerate(moves):
-                # Keep the nesting: outer tiles grow to at least v, inner ones shrink to at most v.
-                for i in range(n):
-                    old = tiles[i][x]
-                    arrays[i][x][m] = v if i == j else max(old, v) if i > j else min(old, v)
-            pred, mmax, msum, ok = score(space, best.orders, arrays)
-            fill = _fill(space, arrays)
-            keys = np.where(ok, pred, np.inf)
-            order = np.lexsort((fill, msum, mmax, keys))
-            m = int(order[0])
-            key = (float(pred[m]), float(mmax[m]), float(msum[m]))
-            # A move that keeps the key but frees capacity is taken too: it opens the way
-            # for the next move (e.g. shrink k so that m and n can grow).
-            if ok[m] and (key, float(fill[m])) < (best.key, best_fill):
-                moved = tuple(tuple(int(arrays[i][y][m]) for y in loops) for i in range(n))
-                improved = Candidate(best.orders, moved, key)
-                improved_fill = float(fill[m])
-        tiles = best.tile_dicts(loops)
-        for j in range(n):
-            for order in space.orders:
-                if order == best.orders[j]:
-                    continue
-                orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
-                key, ok = _key(space, orders, tiles)
-                if ok and key < (improved or best).key:
-                    improved, improved_fill = Candidate(orders, best.tiles, key), best_fill
-        if improved is None:
-            break
-        best, best_fill = improved, improved_fill
-    return best
-
-
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
         memory_usage(space.workload, tiles[j]) / lv.capacity_bytes for j, lv in enumerate(space.hardware.levels)
     )
+
+
+def _compare(a: tuple, b: tuple, rel: float = 1e-9) -> int:
+    """Lexicographic comparison of ranking keys that treats rounding noise as a tie."""
+    for x, y in zip(a, b):
+        if x > y * (1 + rel) + 1e-300:
+            return 1
+        if x < y * (1 - rel) - 1e-300:
+            return -1
+    return 0
+
+
+def _tile_moves(space: Space, tiles: list[dict[str, int]]) -> list[tuple[tuple[int, ...], ...]]:
+    """Plans one tile change away: per loop and level the neighbouring candidates, half,
+    double, 1, the full extent and the adjacent levels' tiles; other levels follow to
+    keep the nesting (outer tiles grow to at least the new value, inner ones shrink)."""
+    loops, n = space.loops, space.n_levels
+    moved = set()
+    for j in range(n):
+        for x in loops:
+            c = space.candidates[x]
+            now = tiles[j][x]
+            i = int(np.searchsorted(c, now))
+            targets = {int(c[k]) for k in (i - 1, i + 1 if c[min(i, len(c) - 1)] == now else i) if 0 <= k < len(c)}
+            targets |= {max(1, now // 2), now * 2, 1, space.workload.dims[x]}
+            targets |= {tiles[k][x] for k in (j - 1, j + 1) if 0 <= k < n}
+            for v in targets:
+                if v == now or not 1 <= v <= space.workload.dims[x]:
+                    continue
+                new = [dict(t) for t in tiles]
+                for k in range(n):
+                    new[k][x] = v if k == j else max(tiles[k][x], v) if k > j else min(tiles[k][x], v)
+                moved.add(tuple(tuple(t[y] for y in loops) for t in new))
+    return sorted(moved)
+
+
+def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) -> Candidate:
+    """Improve `cand`'s ranking key by single moves until none helps or time runs short.
+
+    Phase 1 takes the move that improves the key most; a move that keeps the key
+    but frees capacity counts as an improvement too, since it opens the way for
+    the next one (shrink k so that m and n can grow). Phase 2 then grows tiles
+    wherever the key does not get worse: when the model is indifferent, fuller
+    levels are the better bet for real code.
+    """
+    loops, n = space.loops, space.n_levels
+    best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
+    for grow in (False, True):
+        for _ in range(rounds):
+            if deadline.expired():
+                return best
+            tiles = best.tile_dicts(loops)
+            options = []  # (key, fill, orders, tiles)
+            moves = _tile_moves(space, tiles)
+            if moves:
+                arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(n)]
+                pred, mmax, msum, ok = score(space, best.orders, arrays)
+                fill = _fill(space, arrays)
+                options += [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), best.orders, moves[m])
+                            for m in np.flatnonzero(ok)]
+            if not grow:
+                for j in range(n):
+                    for order in space.orders:
+                        if order != best.orders[j]:
+                            orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
+                            key, ok = _key(space, orders, tiles)
+                            if ok:
+                                options.append((key, best_fill, orders, best.tiles))
+            if grow:
+                options = [o for o in options if _compare(o[0], best.key) <= 0 and o[1] > best_fill]
+                pick = max(options, key=lambda o: (-o[0][0], -o[0][1], -o[0][2], o[1]), default=None)
+            else:
+                options = [o for o in options if (o[0], o[1]) < (best.key, best_fill)]
+                pick = min(options, key=lambda o: (o[0], o[1]), default=None)
+            if pick is None:
+                break
+            best, best_fill = Candidate(pick[2], pick[3], pick[0]), pick[1]
+    return best
