@@ -131,7 +131,7 @@ class _Search:
             if self.deadline.expired():
                 raise _Timeout
             cutoff = self.best.worst_primary()
-            if bound.flat[flat] >= cutoff or cutoff <= sp.lower_bound * (1 + 1e-12):
+            if bound.flat[flat] >= cutoff or sp.meets_lower_bound(cutoff):
                 return  # children are sorted by bound, and nothing beats the lower bound
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
@@ -165,7 +165,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated
-        if best.items and best.items[0].key[0] <= space.lower_bound * (1 + 1e-12):
+        if best.items and space.meets_lower_bound(best.items[0].key[0]):
             status = "optimal"  # meets the lower bound: no space can do better
             break
         if deadline.expired():

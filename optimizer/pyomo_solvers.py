@@ -200,7 +200,7 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
     conditions: list[str] = []
 
     def at_bound() -> bool:
-        return bool(best.items) and best.items[0].key[0] <= space.lower_bound * (1 + 1e-12)
+        return bool(best.items) and space.meets_lower_bound(best.items[0].key[0])
 
     def attempt(choice) -> Candidate | None:
         if deadline.expired() or at_bound():

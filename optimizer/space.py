@@ -114,6 +114,10 @@ class Space:
         ) * w.elem_bytes
         self.lower_bound = max([self.compute_seconds] + [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels])
 
+    def meets_lower_bound(self, seconds: float) -> bool:
+        """True when a plan this fast cannot be beaten by any plan (up to rounding)."""
+        return seconds <= self.lower_bound * (1 + 1e-12)
+
     def grid_size(self) -> int:
         """Number of tile combinations per level."""
         return math.prod(len(c) for c in self.candidates.values())
