@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +24,11 @@ class Hardware(BaseModel):
     name: str
     levels: list[Level] = Field(min_length=1, description="innermost first")
     peak_flops: float = Field(gt=0)
+    kind: Literal["cpu", "gpu"] = Field("cpu", description="picks the backend: llvm for cpu, cuda for gpu")
+    cores: int = Field(1, ge=1, description="threads the kernel runs on (CPU)")
+    vector_bytes: int | None = Field(
+        None, gt=0, description="SIMD register width; the register tile's vector loop is a multiple of it (CPU)"
+    )
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 
     @model_validator(mode="after")
@@ -71,6 +77,7 @@ def _gpu(name: str) -> Hardware:
             Level(name="L2", capacity_bytes=g["l2"], bandwidth_bytes_per_s=g["hbm"]),
         ],
         peak_flops=g["peak"],
+        kind="gpu",
         source=g["source"],
     )
 
@@ -146,6 +153,8 @@ def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
         name="host",
         levels=levels,
         peak_flops=peak,
+        cores=cores,
+        vector_bytes=vec_bytes,
         source=f"{cache_root}, /proc/cpuinfo ({cores} cores at {hz / 1e9:.2f} GHz, {vec_bytes * 8}-bit vectors); "
         "fill bandwidths are per-cycle assumptions documented in models/hardware.py",
     )

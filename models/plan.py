@@ -9,7 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from .costmodel import Orders, Tiles, check_order, check_tiles, data_volume, memory_usage
+from .costmodel import Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, memory_usage
 from .hardware import Hardware
 from .workload import Workload
 
@@ -60,7 +60,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     check_tiles(workload, tiles)
     dv = [float(d) for d in data_volume(workload, orders, tiles)]
     secs = level_seconds(hardware, dv)
-    compute = workload.flops / hardware.peak_flops
+    compute = float(compute_seconds(workload, hardware, tiles[0]))
     worst = max(range(len(secs)), key=lambda i: secs[i])
     predicted, bottleneck = (secs[worst], hardware.levels[worst].name) if secs[worst] > compute else (compute, "compute")
     levels = [

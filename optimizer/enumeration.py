@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import data_volume, memory_usage, single_level_bound
+from ..models.costmodel import compute_seconds, data_volume, memory_usage, single_level_bound
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
 
@@ -88,7 +88,8 @@ class _Search:
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
         sp = self.space
         rows = self.rows[level]
-        rows = rows[np.all(rows <= parent, axis=1)]
+        legal = [sp.legal(x, rows[:, i], parent[i]) for i, x in enumerate(sp.loops)]
+        rows = rows[np.logical_and.reduce(legal)]
         if len(rows) == 0:
             return
         tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
@@ -110,7 +111,9 @@ class _Search:
         inner = self._inner_floor(level, rows)[None, :] if guided else 0.0
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
-        bound = np.maximum(sp.compute_seconds, np.maximum(cmax, inner))
+        # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
+        compute = compute_seconds(sp.workload, sp.hardware, tile)[None, :] if level == 0 else sp.compute_seconds
+        bound = np.maximum(compute, np.maximum(cmax, inner))
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())
         if len(keep) == 0:

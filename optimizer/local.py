@@ -17,17 +17,21 @@ def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | 
     """Clamp tiles into their nesting bounds and shrink them until every level fits; None if impossible."""
     w, loops = space.workload, space.loops
     tiles = [dict(t) for t in tiles]
+    smallest = space.smallest_tiles()
     for j in reversed(range(space.n_levels)):
         parent = tiles[j + 1] if j + 1 < space.n_levels else w.dims
+        # Legal values of each loop, ascending; the smallest tile is always among them.
+        legal = {x: sorted({smallest[x], *space.candidates[x][space.legal(x, space.candidates[x], parent[x])].tolist()})
+                 for x in loops}
         for x in loops:
-            tiles[j][x] = int(min(max(tiles[j][x], 1), parent[x]))
+            below = [v for v in legal[x] if v <= tiles[j][x]]
+            tiles[j][x] = int(below[-1] if below else legal[x][0])
         cap = space.hardware.levels[j].capacity_bytes
         while memory_usage(w, tiles[j]) > cap:
-            x = max(loops, key=lambda y: tiles[j][y])
-            if tiles[j][x] == 1:
+            x = max(loops, key=lambda y: tiles[j][y] / smallest[y])
+            if tiles[j][x] == smallest[x]:
                 return None
-            smaller = space.candidates[x][space.candidates[x] < tiles[j][x]]
-            tiles[j][x] = int(smaller[-1])
+            tiles[j][x] = int(max(v for v in legal[x] if v < tiles[j][x]))
     return tiles
 
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.costmodel import data_volume, memory_usage
+from ..models.costmodel import compute_seconds, data_volume, memory_usage
 from .space import Space
 
 
@@ -80,8 +80,9 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
         feasible &= memory_usage(space.workload, tiles[j]) <= lv.capacity_bytes
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
-            feasible &= (np.asarray(tiles[j][x]) >= 1) & (np.asarray(tiles[j][x]) <= np.asarray(parent[x]))
-    return np.maximum(space.compute_seconds, memmax), memmax, memsum, feasible
+            feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x])
+    compute = compute_seconds(space.workload, hw, tiles[0])
+    return np.maximum(compute, memmax), memmax, memsum, feasible
 
 
 SolverFn = Callable[[Space, Deadline, int], SolveResult]

@@ -5,6 +5,13 @@ below E, E itself, ceil(E/q) for every block count q, and every integer 1..E
 when E <= 64 (the *fine* set). The *coarse* set drops the last two rules; solvers search it first because a plan that
 reaches the lower bound there is optimal over the fine set too.
 
+Emittable tiles: each level's tile of a loop divides the tile of the level
+above, unless that one is the whole extent (the backend then pads the loop to a
+multiple of the largest tile below it). On hardware with SIMD registers
+(`Hardware.vector_bytes`), the loops that index an output's last dimension, the
+ones the backend vectorises, also take tiles that are multiples of the vector
+lanes (or the whole extent). Solvers only return plans that obey both rules.
+
 Orders: permutations of all loops with the loops shared by every op first.
 Two orders of one level are equivalent when, for every op and tensor, the walk
 alternates between the same sets of tensor loops and other loops (the order
@@ -89,6 +96,11 @@ def order_classes(workload: Workload, key=order_signature) -> list[tuple[str, ..
     return reps
 
 
+def vector_loops(workload: Workload) -> set[str]:
+    """Loops indexing some output's last dimension: the backend vectorises them."""
+    return {workload.tensors[op.output].dims[-1] for op in workload.ops}
+
+
 @dataclass
 class Space:
     """Everything a solver needs that does not depend on the plan being searched."""
@@ -101,6 +113,7 @@ class Space:
     orders: list[tuple[str, ...]] = field(init=False)
     compute_seconds: float = field(init=False)
     lower_bound: float = field(init=False)
+    lanes: dict[str, int] = field(init=False)
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
@@ -112,6 +125,8 @@ class Space:
         io_bytes = sum(
             float(np.prod([w.dims[x] for x in t.dims])) for t in w.tensors.values() if t.role != "intermediate"
         ) * w.elem_bytes
+        lanes = hw.vector_bytes // w.elem_bytes if hw.vector_bytes else 1
+        self.lanes = {x: lanes if x in vector_loops(w) else 1 for x in self.loops}
         self.lower_bound = max([self.compute_seconds] + [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels])
 
     def meets_lower_bound(self, seconds: float) -> bool:
@@ -126,6 +141,17 @@ class Space:
     def n_levels(self) -> int:
         return len(self.hardware.levels)
 
+    def smallest_tiles(self) -> dict[str, int]:
+        """The smallest emittable tile of each loop: 1, or the vector lanes on vector loops."""
+        return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
+
     def min_footprint(self) -> float:
-        """MU with every tile 1: below this no level can hold a plan."""
-        return float(memory_usage(self.workload, {x: 1 for x in self.loops}))
+        """MU with the smallest tiles: below this no level can hold a plan."""
+        return float(memory_usage(self.workload, self.smallest_tiles()))
+
+    def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int) -> np.ndarray:
+        """Which tiles of loop x nest in the parent tile and suit its vector lanes (see module docstring)."""
+        extent, lanes = self.workload.dims[x], self.lanes[x]
+        tiles, parent = np.asarray(tiles), np.asarray(parent)
+        nests = (parent % tiles == 0) | (parent == extent)
+        return (tiles <= parent) & nests & ((tiles % lanes == 0) | (tiles == extent))

@@ -1,0 +1,80 @@
+"""A workload as an unscheduled TensorIR function.
+
+Every op is a contraction: its output is the sum, over the op's loops that do
+not index the output, of the product of its inputs. Loop extents are padded up
+to `padded` (the schedule needs every tile to divide its parent): padded
+inputs read zeros, so the padded sums equal the real ones, and only the
+outputs' real elements are written back.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from tvm import te, tirx
+
+from ..models.workload import Workload
+
+
+def block_name(op_name: str) -> str:
+    """The TensorIR block that computes an op (the padded iteration space)."""
+    return op_name
+
+
+def pad_name(tensor: str) -> str:
+    return f"{tensor}_pad"
+
+
+def primfunc(workload: Workload, padded: Mapping[str, int] | None = None) -> tirx.PrimFunc:
+    """`main(*signature)`: arrays row-major, dims in `workload.tensors[..].dims` order."""
+    dims = workload.dims
+    padded = dict(dims) if padded is None else dict(padded)
+    dtype = workload.dtype
+    args = {n: te.placeholder([dims[x] for x in t.dims], dtype=dtype, name=n)
+            for n, t in workload.tensors.items() if t.role == "input"}
+    values: dict[str, te.Tensor] = {}  # what ops read: padded views of inputs, padded intermediates
+    for name, t in workload.tensors.items():
+        if t.role != "input":
+            continue
+        if all(padded[x] == dims[x] for x in t.dims):
+            values[name] = args[name]
+        else:
+            values[name] = te.compute([padded[x] for x in t.dims], _zero_padded(args[name], t.dims, dims), name=pad_name(name))
+    outputs = {}
+    for op in workload.ops:
+        out = workload.tensors[op.output].dims
+        result = te.compute([padded[x] for x in out], _contraction(workload, op, values, padded), name=block_name(op.name))
+        if workload.tensors[op.output].role == "output":
+            if any(padded[x] != dims[x] for x in out):
+                result = te.compute([dims[x] for x in out], _copy(result), name=op.output)
+            outputs[op.output] = result
+        values[op.output] = result
+    tensors = [args[n] if n in args else outputs[n] for n in workload.signature]
+    return te.create_prim_func(tensors).with_attr("global_symbol", "main")
+
+
+# te.compute reads the argument names of its body, so bodies are built by these factories.
+def _zero_padded(src: te.Tensor, tdims, dims):
+    def read(*idx):
+        inside = tirx.all(*[i < dims[x] for i, x in zip(idx, tdims)])
+        return tirx.if_then_else(inside, src(*idx), tirx.const(0, src.dtype))
+
+    return read
+
+
+def _contraction(workload: Workload, op, values, padded):
+    out = workload.tensors[op.output].dims
+    axes = {x: te.reduce_axis((0, padded[x]), name=x) for x in op.loops if x not in out}
+
+    def body(*idx):
+        env = dict(zip(out, idx)) | axes
+        prod = None
+        for name in op.inputs:
+            v = values[name](*[env[x] for x in workload.tensors[name].dims])
+            prod = v if prod is None else prod * v
+        return te.sum(prod, axis=list(axes.values())) if axes else prod
+
+    return body
+
+
+def _copy(src: te.Tensor):
+    return lambda *idx: src(*idx)
