@@ -142,23 +142,44 @@ def _key_slice(walk_above: list[tuple[str, int]], tdims, tiles, padded, level) -
     return None
 
 
-def _packed_offsets(shape, tile, inner_order) -> np.ndarray:
-    """Element offsets of a block stored in the packed layout (see module docstring)."""
-    idx = np.indices(shape).reshape(len(shape), -1)
-    outer = [idx[i] // tile[i] for i in range(len(shape))]
-    inner = [idx[i] % tile[i] for i in inner_order]
-    digits = outer + inner
-    sizes = [shape[i] // tile[i] for i in range(len(shape))] + [tile[i] for i in inner_order]
-    offset = np.zeros(idx.shape[1], dtype=np.int64)
-    for d, s in zip(digits, sizes):
-        offset = offset * s + d
-    return offset
+@dataclass
+class Layout:
+    """The packed layout of an input: tiles of every level inside tiles of the level above,
+    then, inside a level-1 tile, the dims in the micro-kernel's order. Every aligned block of
+    any level is then one contiguous run, so caches below the first are skipped as thrifty."""
+
+    dims: list[str]
+    bounds: list[list[int]]  # per dim: padded extent, then the tiles of levels top-1 .. 1
+    inner_order: list[int]  # dim positions, in the order the micro-kernel walks them
+
+    def digits(self, idx):
+        """(index, size) pairs, most significant first, for per-dim indices `idx`."""
+        out = []
+        for b in range(len(self.bounds[0]) - 1):
+            out += [((idx[i] % self.bounds[i][b]) // self.bounds[i][b + 1], self.bounds[i][b] // self.bounds[i][b + 1])
+                    for i in range(len(self.dims))]
+        out += [(idx[i] % self.bounds[i][-1], self.bounds[i][-1]) for i in self.inner_order]
+        return [(d, s) for d, s in out if s > 1] or out[-1:]  # TensorIR rejects constant (size-1) digits
+
+    def index_map(self):
+        return lambda *idx: [d for d, _ in self.digits(idx)]
+
+    def offsets(self, block: list[int]) -> np.ndarray:
+        """Offsets of the block at the origin of the whole padded tensor."""
+        offset = np.zeros(1, dtype=np.int64)
+        for d, s in self.digits(np.indices(block).reshape(len(block), -1)):
+            offset = offset * s + d
+        return offset
+
+    def name(self) -> str:
+        levels = " / ".join(",".join(f"{x}{b[k]}" for x, b in zip(self.dims, self.bounds)) for k in range(1, len(self.bounds[0])))
+        inner = ",".join(self.dims[i] for i in self.inner_order)
+        return f"tiled [{levels or 'whole'}] then [{inner}] in each level-1 tile"
 
 
-def _row_major_offsets(shape, parent_shape) -> np.ndarray:
-    idx = np.indices(shape).reshape(len(shape), -1)
-    offset = np.zeros(idx.shape[1], dtype=np.int64)
-    for d, s in zip(idx, parent_shape):
+def _row_major_offsets(block, shape) -> np.ndarray:
+    offset = np.zeros(1, dtype=np.int64)
+    for d, s in zip(np.indices(block).reshape(len(block), -1), shape):
         offset = offset * s + d
     return offset
 
@@ -166,25 +187,14 @@ def _row_major_offsets(shape, parent_shape) -> np.ndarray:
 _CHECK_LIMIT = 1 << 22  # elements; larger blocks are assumed to need their copy
 
 
-def _thrifty(block, parent_shape, tile, inner_order, parent_packed: bool) -> bool:
-    """True when `block` (at the origin of its parent) is contiguous in the parent's layout and
-    that layout equals the packed one, so a copy would change nothing."""
+def _thrifty(layout: Layout, block, parent_shape, parent_packed: bool) -> bool:
+    """Accera's thrifty rule: the block (at its parent's origin) is already one contiguous run
+    in the parent's buffer, in the order the cache would store it, so copying changes nothing."""
     if math.prod(block) > _CHECK_LIMIT:
         return False
-    mine = _packed_offsets(block, tile, inner_order)
-    theirs = _packed_offsets(block, tile, inner_order) if parent_packed else _row_major_offsets(block, parent_shape)
-    if not parent_packed and not np.array_equal(mine, theirs):
-        return False
-    if parent_packed:
-        full = _packed_offsets(parent_shape, tile, inner_order).reshape(parent_shape)
-        theirs = full[tuple(slice(0, b) for b in block)].ravel()
-    return int(theirs.max() - theirs.min() + 1) == theirs.size and np.array_equal(np.argsort(theirs, kind="stable"), np.argsort(mine, kind="stable"))
-
-
-def _layout_name(tdims, tile, inner_order) -> str:
-    outer = ", ".join(f"{x}/{tile[i]}" for i, x in enumerate(tdims))
-    inner = ", ".join(f"{tdims[i]}%{tile[i]}" for i in inner_order)
-    return f"packed [{outer}][{inner}]"
+    theirs = layout.offsets(block) if parent_packed else _row_major_offsets(block, parent_shape)
+    mine = np.argsort(layout.offsets(block), kind="stable")
+    return int(theirs.max() - theirs.min() + 1) == theirs.size and np.array_equal(np.argsort(theirs, kind="stable"), mine)
 
 
 def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False) -> Emitted:
@@ -220,7 +230,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             if workload.tensors[name].role == "intermediate":
                 continue  # the producer's buffer, already the block the model counts
             records += _cache_input(sch, blocks[op.name], workload, op, name, walk, loop_of, tiles, padded, names, micro,
-                                    double_buffer)
+                                    double_buffer, lanes)
         _micro_kernel(sch, nest, micro)
         records += _accumulate(sch, blocks[op.name], workload, op, walk, loop_of, nest.loops[(micro[0], -1)],
                                tiles, padded, names, lanes)
@@ -233,35 +243,59 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     return Emitted(sch, records, padded, parallel)
 
 
-def _cache_input(sch, block, workload, op, name, walk, loop_of, tiles, padded, names, micro, double_buffer):
+def _cache_input(sch, block, workload, op, name, walk, loop_of, tiles, padded, names, micro, double_buffer, lanes):
     tdims = workload.tensors[name].dims
     source = pad_name(name) if any(padded[x] != workload.dims[x] for x in tdims) else name
-    l1 = 1 if len(names) > 1 else 0
-    tile1 = [tiles[l1][x] for x in tdims]
-    inner_order = sorted(range(len(tdims)), key=lambda i: micro.index(tdims[i]))
-    layout = _layout_name(tdims, tile1, inner_order)
+    layout = Layout(
+        dims=list(tdims),
+        bounds=[[padded[x]] + [tiles[j][x] for j in range(len(names) - 1, 0, -1)] for x in tdims],
+        inner_order=sorted(range(len(tdims)), key=lambda i: micro.index(tdims[i])),
+    )
     records, made = [], []
     parent_shape, parent_packed, parent_key = [padded[x] for x in tdims], False, None
     for level in range(len(names) - 1, 0, -1):
         key = _key_slice(walk, tdims, tiles, padded, level)
         attach = "root" if key is None else f"{key[0]}.{names[key[1]]}"
         shape = [tiles[level][x] for x in tdims]
-        skip = attach == parent_key or _thrifty(shape, parent_shape, tile1, inner_order, parent_packed)
-        records.append(CacheRecord(tensor=name, level=names[level], attach_loop=attach, layout=layout,
+        skip = attach == parent_key or _thrifty(layout, shape, parent_shape, parent_packed)
+        records.append(CacheRecord(tensor=name, level=names[level], attach_loop=attach, layout=layout.name(),
                                    double_buffer=double_buffer and not skip and key is not None, skipped_thrifty=skip))
         if not skip:
-            made.append((sch.cache_read(block, _read_index(sch, block, source), "global"), key))
+            made.append((sch.cache_read(block, _read_index(sch, block, source), "global"), key, level))
             source = sch.get(made[-1][0]).writes[0].source.name
             parent_shape, parent_packed, parent_key = shape, True, attach
-    for cache, key in reversed(made):  # innermost first: a cache's readers must sit below it
+    for cache, key, level in reversed(made):  # innermost first: a cache's readers must sit below it
         if key is not None:
             sch.compute_at(cache, loop_of(key), preserve_unit_loops=True)
-        sch.transform_layout(cache, ("write", 0), _index_map(len(tdims), tile1, inner_order))
+        sch.transform_layout(cache, ("write", 0), layout.index_map())
+        _copy_loops(sch, cache, layout, level, lanes, parallel=key is None)
         if double_buffer and key is not None:
             _double_buffer(sch, cache, loop_of(key))
     records.append(CacheRecord(tensor=name, level=names[0], attach_loop="micro-kernel", layout="vector registers",
                                double_buffer=False, skipped_thrifty=False))
     return records
+
+
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bool) -> None:
+    """Walk the copy in the packed order, so the writes are sequential; vectorise where
+    the reads are too, and share a copy done outside every parallel loop among the cores."""
+    rank = len(layout.dims)
+    loops = sch.get_loops(cache)[-rank:]
+    first = len(layout.bounds[0]) - level  # the bound at this cache's own level
+    parts = []
+    for i, loop in enumerate(loops):
+        b = layout.bounds[i][first:]
+        factors = [b[k] // b[k + 1] for k in range(len(b) - 1)] + [b[-1]]
+        parts.append(sch.split(loop, factors=factors) if len(factors) > 1 else [loop])
+    order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
+    order += [parts[i][-1] for i in layout.inner_order]
+    sch.reorder(*order)
+    if layout.inner_order[-1] == rank - 1:
+        extent = sch.get(order[-1]).extent.value
+        if extent > 1 and extent % min(lanes, extent) == 0:
+            sch.vectorize(sch.split(order[-1], factors=[None, min(lanes, extent)])[1] if extent > lanes else order[-1])
+    if parallel:
+        sch.parallel(order[0])
 
 
 def _read_index(sch, block, buffer_name: str) -> int:
@@ -282,13 +316,6 @@ def _micro_kernel(sch, nest: _Nest, micro: list[str]) -> None:
             break
         budget //= max(extent, 1)
         sch.unroll(nest.loops[(x, -1)])
-
-
-def _index_map(rank, tile, inner_order):
-    def remap(*idx):
-        return [idx[i] // tile[i] for i in range(rank)] + [idx[i] % tile[i] for i in inner_order]
-
-    return remap
 
 
 def _accumulate(sch, block, workload, op, walk, loop_of, first_point, tiles, padded, names, lanes):
