@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
+from .caches import CacheRecord, plan_caches
 from .costmodel import Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, memory_usage
 from .hardware import Hardware
 from .workload import Workload
@@ -29,6 +30,9 @@ class Plan(BaseModel):
     levels: list[LevelPlan] = Field(description="innermost first, one per hardware level")
     predicted_seconds: float
     bottleneck: str = Field(description="the level whose link sets the time, or 'compute'")
+    caches: list[CacheRecord] = Field(
+        [], description="what the CPU backend caches, where, in which layout, and what the thrifty rule skips"
+    )
 
 
 class SolverInfo(BaseModel):
@@ -74,4 +78,10 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
         )
         for i, lv in enumerate(hardware.levels)
     ]
-    return Plan(levels=levels, predicted_seconds=predicted, bottleneck=bottleneck)
+    caches = []
+    if hardware.kind == "cpu":
+        try:
+            caches = plan_caches(workload, [lv.name for lv in hardware.levels], orders, tiles)
+        except ValueError:
+            pass  # tiles that do not nest: the model costs them, but no backend emits them
+    return Plan(levels=levels, predicted_seconds=predicted, bottleneck=bottleneck, caches=caches)

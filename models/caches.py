@@ -1,0 +1,223 @@
+"""Which caches a plan implies, where they are filled and how they are laid out.
+
+Pure Python (no TVM), so every plan can list its caches; backends/emit.py
+emits exactly these decisions.
+
+The loop nest is the cost model's walk: level-l loops walk level-l tiles
+inside the level-(l+1) tile, outermost level first, and each op walks its own
+loops. In a chain, every op but the last is computed inside the last shared
+loop of the outermost level, so the outermost-level shared loops belong to
+the last op's nest.
+
+Tensor T's block at level l changes at its *key-slice*: the innermost loop of
+levels >= l that indexes T and runs more than once. A cache of T at level l
+is filled there ("root" when no such loop exists). Inputs are cached at every
+level >= 1 in one packed layout (`Layout`): tiles of each level inside the
+tiles of the level above, and inside a level-1 tile the dims in the order the
+micro-kernel walks them. Accera's thrifty rule skips a cache whose block is
+already contiguous, in the same order, in the buffer it would copy from. In
+the packed layout every aligned block is one contiguous run, so only the
+outermost cache of each input copies anything; that one is skipped too when
+the original array already stores the block that way. Outputs accumulate in
+the register tile, filled at their level-0 key-slice.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from pydantic import BaseModel
+
+from .workload import Op, Workload
+
+
+class CacheRecord(BaseModel):
+    """One cache the plan implies: emitted, or skipped by the thrifty rule."""
+
+    tensor: str
+    level: str
+    attach_loop: str
+    layout: str
+    double_buffer: bool
+    skipped_thrifty: bool
+
+
+Position = tuple[str, int]  # (loop, level); level -1 marks the register tile's point loops
+
+
+def effective_tiles(workload: Workload, tiles: list[dict[str, int]]) -> tuple[dict[str, int], list[dict[str, int]]]:
+    """Padded extents and per-level tiles in the padded space (innermost level first).
+
+    A tile equal to the whole extent becomes the padded extent: the extent
+    rounded up to a multiple of the largest smaller tile beneath it. Raises
+    ValueError unless each tile divides the one above (plans from `tune` do).
+    """
+    padded, tiles = {}, [dict(t) for t in tiles]
+    for x, extent in workload.dims.items():
+        below = [t[x] for t in tiles if t[x] < extent]
+        padded[x] = math.ceil(extent / max(below)) * max(below) if below else extent
+        for t in tiles:
+            if t[x] >= extent:
+                t[x] = padded[x]
+    for j in range(len(tiles)):
+        parent = tiles[j + 1] if j + 1 < len(tiles) else padded
+        bad = [x for x in workload.dims if parent[x] % tiles[j][x]]
+        if bad:
+            raise ValueError(f"tiles of {bad} at level {j} do not divide the tiles above; plans from `tune` always nest")
+    return padded, tiles
+
+
+def trips(tiles, padded, x: str, level: int) -> int:
+    parent = tiles[level + 1][x] if level + 1 < len(tiles) else padded[x]
+    return parent // tiles[level][x]
+
+
+def is_producer(workload: Workload, op: Op) -> bool:
+    return op is not workload.ops[-1]
+
+
+def micro_order(workload: Workload, op: Op) -> list[str]:
+    """The register tile's loops: reductions outermost, the output's last dim (vectorised) innermost."""
+    out = workload.tensors[op.output].dims
+    return [x for x in op.loops if x not in out] + list(out)
+
+
+def walk(workload: Workload, orders: list[list[str]], op: Op) -> list[Position]:
+    """The op's walk, outermost first, shared loops of the outermost level included."""
+    return [(x, j) for j in reversed(range(len(orders))) for x in orders[j] if x in op.loops]
+
+
+def key_slice(positions: list[Position], tdims, tiles, padded, level: int) -> Position | None:
+    """The innermost position at levels >= level indexing the tensor with more than one trip."""
+    for x, j in reversed(positions):
+        if j >= level and x in tdims and trips(tiles, padded, x, j) > 1:
+            return (x, j)
+    return None
+
+
+@dataclass
+class Layout:
+    """The packed layout of an input (see module docstring)."""
+
+    dims: list[str]
+    bounds: list[list[int]]  # per dim: padded extent, then the tiles of levels top-1 .. 1
+    inner_order: list[int]  # dim positions, in the order the micro-kernel walks them
+
+    def digits(self, idx, block=None) -> list[tuple[object, int, int]]:
+        """(index, size, dim) digits, most significant first, for per-dim indices `idx`;
+        sizes are those within `block` (default: the whole tensor), size-1 digits dropped."""
+        block = block or [b[0] for b in self.bounds]
+        out = []
+        for k in range(len(self.bounds[0]) - 1):
+            for i in range(len(self.dims)):
+                hi, lo = min(self.bounds[i][k], block[i]), self.bounds[i][k + 1]
+                out.append(((idx[i] % self.bounds[i][k]) // lo, max(hi // lo, 1), i))
+        out += [(idx[i] % self.bounds[i][-1], min(self.bounds[i][-1], block[i]), i) for i in self.inner_order]
+        kept = [d for d in out if d[1] > 1]
+        return kept or out[-1:]  # TensorIR rejects constant digits
+
+    def index_map(self):
+        """The layout as a TensorIR index map over the tensor's (padded) indices."""
+        return lambda *idx: [d for d, _, _ in self.digits(idx)]
+
+    def run_order(self, block: list[int]) -> list[tuple[int, int]]:
+        """(dim, size) runs a block is stored in, adjacent digits of one dim merged."""
+        runs: list[tuple[int, int]] = []
+        for _, size, i in self.digits([0] * len(block), block):
+            if size == 1:
+                continue
+            runs[-1:] = [(i, runs[-1][1] * size)] if runs and runs[-1][0] == i else runs[-1:] + [(i, size)]
+        return runs
+
+    def name(self) -> str:
+        levels = " / ".join(",".join(f"{x}{b[k]}" for x, b in zip(self.dims, self.bounds)) for k in range(1, len(self.bounds[0])))
+        inner = ",".join(self.dims[i] for i in self.inner_order)
+        return f"tiles {levels or 'whole'}; [{inner}] inside each"
+
+
+def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> bool:
+    """True when the array already stores the block contiguously and in the layout's order."""
+    first = next((i for i, b in enumerate(block) if b > 1), len(block))
+    contiguous = all(block[i] == shape[i] for i in range(first + 1, len(block)))
+    return contiguous and layout.run_order(block) == [(i, b) for i, b in enumerate(block) if b > 1]
+
+
+@dataclass
+class CacheSite:
+    """One input cache level: the decision and, when not skipped, where the emitter fills it."""
+
+    op: str
+    tensor: str
+    level: int
+    key: Position | None
+    skipped: bool
+    layout: Layout
+
+
+def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
+    """Every input's caches at levels >= 1, outermost level first per tensor."""
+    sites = []
+    n = len(tiles)
+    for op in workload.ops:
+        positions = walk(workload, orders, op)
+        micro = micro_order(workload, op)
+        for name in op.inputs:
+            tensor = workload.tensors[name]
+            if tensor.role == "intermediate":
+                continue  # the producer's own buffer: already the block the model counts
+            tdims = tensor.dims
+            layout = Layout(
+                dims=list(tdims),
+                bounds=[[padded[x]] + [tiles[j][x] for j in range(n - 1, 0, -1)] for x in tdims],
+                inner_order=sorted(range(len(tdims)), key=lambda i: micro.index(tdims[i])),
+            )
+            padded_input = any(padded[x] != workload.dims[x] for x in tdims)
+            copied = False
+            last_key: object = "none"
+            for level in range(n - 1, 0, -1):
+                key = key_slice(positions, tdims, tiles, padded, level)
+                block = [tiles[level][x] for x in tdims]
+                if copied:
+                    skip = True  # a block of the packed layout is one contiguous run of its parent
+                else:
+                    skip = not padded_input and row_major_thrifty(layout, block, [padded[x] for x in tdims])
+                skip = skip or key == last_key
+                sites.append(CacheSite(op.name, name, level, key, skip, layout))
+                if not skip:
+                    copied, last_key = True, key
+    return sites
+
+
+def attach_name(key: Position | None, names: list[str]) -> str:
+    return "root" if key is None else f"{key[0]}.{names[key[1]]}"
+
+
+def plan_caches(workload: Workload, level_names: list[str], orders, tiles, double_buffer: bool = False) -> list[CacheRecord]:
+    """The cache records of a plan (orders and tiles innermost level first)."""
+    padded, tiles = effective_tiles(workload, tiles)
+    records = [
+        CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
+                    layout=s.layout.name(), double_buffer=double_buffer and not s.skipped and s.key is not None,
+                    skipped_thrifty=s.skipped)
+        for s in input_caches(workload, orders, tiles, padded)
+    ]
+    for op in workload.ops:
+        key, outer_reduction = output_tile(workload, orders, op, tiles, padded)
+        layout = ("row-major; zeroed above the first reduction loop, accumulated in place" if outer_reduction
+                  else "register tile (local), stored once")
+        records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
+                                   layout=layout, double_buffer=False, skipped_thrifty=False))
+    return records
+
+
+def output_tile(workload: Workload, orders, op: Op, tiles, padded) -> tuple[Position | None, list[Position]]:
+    """The output register tile's key-slice, and the reduction positions above it.
+
+    With none above, the tile accumulates in registers and is stored once;
+    otherwise it must resume from the running sum in the output.
+    """
+    out = workload.tensors[op.output].dims
+    positions = walk(workload, orders, op)
+    key = key_slice(positions, out, tiles, padded, 0)
+    above = positions[: positions.index(key)] if key is not None else []
+    return key, [p for p in above if p[0] not in out]
