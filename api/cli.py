@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--time-limit", type=_positive_float, default=10.0, metavar="S", help="seconds (default 10)")
     common.add_argument("--top", type=_nonnegative_int, default=3, metavar="K", help="alternatives to list (default 3)")
     common.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    common.add_argument("--target", choices=["llvm", "cuda"], help="backend (default: llvm for CPU hardware)")
+    common.add_argument("--export", metavar="DIR", help="write plan.json, schedule.py and kernel.so into DIR")
+    common.add_argument("--measure", action="store_true",
+                        help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
 
     parser = _Parser(prog="tune", description="Loop orders and tile sizes per memory level that minimise data movement.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -183,9 +187,41 @@ def run(argv: list[str]) -> int:
         hw = hardware_from(args.name)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0
-    result = tune(_workload(args), hardware_from(args.hardware), args.solver, args.time_limit, args.top)
-    print(result.model_dump_json(indent=2) if args.json else format_table(result))
+    hardware = hardware_from(args.hardware)
+    target = args.target or ("llvm" if hardware.kind == "cpu" else "cuda")
+    backend = args.export is not None or args.measure
+    if backend and (target != "llvm" or hardware.kind != "cpu"):
+        raise UsageError(f"--export and --measure need --target llvm and CPU hardware (got {target} on {hardware.kind})")
+    result = tune(_workload(args), hardware, args.solver, args.time_limit, args.top)
+    built = measurement = None
+    if backend:
+        from ..backends.build import build, export  # TVM loads only when a kernel is wanted
+
+        built = build(result.workload, result.hardware, result.plan)
+        if args.export is not None:
+            export(result, args.export, built)
+        if args.measure:
+            from ..backends.measure import measure
+
+            measurement = measure(result, built=built)
+    if args.json:
+        doc = json.loads(result.model_dump_json())
+        if measurement is not None:
+            doc["measurement"] = measurement.model_dump()
+        print(json.dumps(doc, indent=2))
+    else:
+        print(format_table(result))
+        if args.export is not None:
+            print(f"exported plan.json, schedule.py and kernel.so to {args.export}")
+        if measurement is not None:
+            print(format_measurement(measurement))
     return 0
+
+
+def format_measurement(m) -> str:
+    return (f"measured: kernel {m.kernel_gflops:.1f} GFLOP/s ({_seconds(m.kernel_seconds)}), numpy "
+            f"{m.numpy_gflops:.1f} GFLOP/s ({_seconds(m.numpy_seconds)}), ratio {m.ratio:.2f}x; "
+            f"build {m.build_seconds:.2f} s; max |error| {m.max_abs_error:.2g}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -197,6 +233,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except (ValueError, ValidationError) as exc:  # bad workload, hardware or an infeasible problem
         print(f"tune: error: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # --export into a path that cannot be written
+        print(f"tune: error: {exc}", file=sys.stderr)
         return 2
     except RuntimeError as exc:  # the time limit passed before any plan was found
         print(f"tune: error: {exc}", file=sys.stderr)

@@ -62,7 +62,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     top = len(names) - 1
     lanes = hardware.vector_bytes // workload.elem_bytes if hardware.vector_bytes else 1
     sch = s_tir.Schedule(primfunc(workload, padded))
-    blocks = {op.name: sch.get_sblock(block_name(op.name)) for op in workload.ops}
+    blocks = {op.name: sch.get_sblock(block_name(workload, op, padded)) for op in workload.ops}
     nests = _Nests(workload, top)
     consumer = workload.ops[-1]
     _tile(sch, blocks[consumer.name], workload, orders, consumer, tiles, padded, nests)

@@ -15,9 +15,12 @@ from tvm import te, tirx
 from ..models.workload import Workload
 
 
-def block_name(op_name: str) -> str:
-    """The TensorIR block that computes an op (the padded iteration space)."""
-    return op_name
+def block_name(workload: Workload, op, padded: Mapping[str, int]) -> str:
+    """The TensorIR block that computes an op: named after its output tensor when it writes
+    the output array itself (so the kernel's arguments carry the workload's names), else
+    after the op (it computes a padded or intermediate buffer)."""
+    out = workload.tensors[op.output]
+    return op.output if out.role == "output" and all(padded[x] == workload.dims[x] for x in out.dims) else op.name
 
 
 def pad_name(tensor: str) -> str:
@@ -42,7 +45,7 @@ def primfunc(workload: Workload, padded: Mapping[str, int] | None = None) -> tir
     outputs = {}
     for op in workload.ops:
         out = workload.tensors[op.output].dims
-        result = te.compute([padded[x] for x in out], _contraction(workload, op, values, padded), name=block_name(op.name))
+        result = te.compute([padded[x] for x in out], _contraction(workload, op, values, padded), name=block_name(workload, op, padded))
         if workload.tensors[op.output].role == "output":
             if any(padded[x] != dims[x] for x in out):
                 result = te.compute([dims[x] for x in out], _copy(result), name=op.output)
