@@ -96,7 +96,7 @@ def check(workload: Workload, lib, seed: int = 0) -> float:
         limit = rtol * (np.abs(ref) + np.abs(ref).max())
         if not np.all(err <= limit):
             i = np.unravel_index(int(np.argmax(err - limit)), err.shape)
-            raise MismatchError(f"{name}{list(i)} = {value[i]}, numpy says {ref[i]} (rtol {rtol})")
+            raise MismatchError(f"{name}{[int(v) for v in i]} = {value[i]}, numpy says {ref[i]} (rtol {rtol})")
         worst = max(worst, float(err.max()) if err.size else 0.0)
     return worst
 

@@ -5,13 +5,13 @@ and compares each tensor's active block with the previous one.
 """
 
 
-def simulate_dv(workload, orders, tiles, level):
-    """Bytes moved into `level` (0 = innermost), by walking the loops."""
+def simulate_dv(workload, orders, tiles, level, tensors=None):
+    """Bytes moved into `level` (0 = innermost), by walking the loops; only `tensors` when given."""
     n = len(orders)
     total = 0
     for op in workload.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
-        io = workload.io_tensors(op)
+        io = [t for t in workload.io_tensors(op) if tensors is None or t in tensors]
         # block[y][j] = (start, size) of y's current level-j block; level n is the whole extent.
         block = {y: {n: (0, e)} for y, e in workload.dims.items()}
         last = {t: None for t in io}

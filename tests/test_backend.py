@@ -1,0 +1,180 @@
+"""The CPU backend: planned kernels build and match numpy, and do what the plan says."""
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+
+import numpy as np
+import pytest
+import tvm
+from tvm import s_tir, tirx
+
+from cachetile import builtin, make_plan, preset, tune
+from cachetile.backends.build import build, export
+from cachetile.backends.measure import MismatchError, check, measure, numpy_reference, random_inputs, run_kernel
+from cachetile.models.hardware import Hardware, Level
+from cachetile.optimizer.registry import SOLVERS
+
+from simulator import simulate_dv
+
+HOST = preset("host")
+
+
+def _shapes(kind, extents):
+    if kind == "gemm":
+        return {"m": extents[0], "n": extents[1], "k": extents[2]}
+    if kind == "batch-gemm":
+        return {"b": extents[3] % 3 + 1, "m": extents[0], "n": extents[1], "k": extents[2]}
+    return {"m": extents[0], "n": extents[1], "k": extents[2], "l": extents[3]}
+
+
+# Primes and ones on every loop, mixed with round sizes; every solver's plan must build and match numpy.
+SHAPES = [(1, 7, 97, 197), (257, 1, 7, 97), (97, 197, 1, 7), (7, 257, 64, 1), (197, 97, 257, 48)]
+
+
+@pytest.mark.parametrize("solver", sorted(SOLVERS))
+@pytest.mark.parametrize("kind", ["gemm", "batch-gemm", "gemm-chain"])
+def test_every_solver_plan_builds_and_matches_numpy(kind, solver):
+    for extents in SHAPES[:: 2 if solver.startswith("pyomo") else 1]:
+        w = builtin(kind, _shapes(kind, extents))
+        result = tune(w, HOST, solver=solver, time_limit=2, top=0)
+        built = build(w, HOST, result.plan)
+        check(w, built.lib)  # raises MismatchError with the element that differs
+
+
+def test_every_alternative_of_a_chain_builds_and_matches_numpy():
+    w = builtin("gemm-chain", {"b": 2, "m": 64, "n": 48, "k": 40, "l": 96})
+    result = tune(w, HOST, time_limit=5, top=5)
+    for plan in [result.plan, *result.alternatives]:
+        check(w, build(w, HOST, plan).lib)
+
+
+def test_a_wrong_kernel_is_caught():
+    w = builtin("gemm", {"m": 16, "n": 16, "k": 16})
+    plan = tune(w, HOST).plan
+    lib = build(w, HOST, plan).lib
+
+    class Off:
+        def __getitem__(self, name):
+            def call(a, b, c):
+                lib[name](a, b, c)
+                c.copyfrom(c.numpy() * 1.01)
+
+            return call
+
+    with pytest.raises(MismatchError, match=r"^C\[\d+, \d+\] = .* numpy says .* \(rtol 0.001\)$"):
+        check(w, Off())
+
+
+def _block_runs(stmt, mult=1, acc=None):
+    """How many times each block runs: the product of the loop extents around it."""
+    acc = Counter() if acc is None else acc
+    if isinstance(stmt, tirx.For):
+        _block_runs(stmt.body, mult * int(stmt.extent), acc)
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            _block_runs(s, mult, acc)
+    elif isinstance(stmt, s_tir.SBlockRealize):
+        acc[stmt.block.name_hint] += mult
+        _block_runs(stmt.block.body, mult, acc)
+    elif hasattr(stmt, "body"):
+        _block_runs(stmt.body, mult, acc)
+    return acc
+
+
+@pytest.mark.parametrize("kind,dims", [
+    ("gemm", {"m": 256, "n": 128, "k": 192}),
+    ("gemm-chain", {"m": 128, "n": 64, "k": 32, "l": 256}),
+    ("batch-gemm", {"b": 3, "m": 64, "n": 128, "k": 64}),
+])
+def test_cache_copies_move_exactly_the_modelled_volume(kind, dims):
+    """Each emitted input cache copies, in total, the bytes the brute-force simulator says that
+    tensor moves into its level: the reuse the model counts is the reuse the code gets."""
+    w = builtin(kind, dims)
+    result = tune(w, HOST, time_limit=5)
+    plan = result.plan
+    built = build(w, HOST, plan)
+    runs = _block_runs(built.emitted.schedule.mod["main"].body)
+    orders = [lv.order for lv in plan.levels]
+    tiles = [lv.tile for lv in plan.levels]
+    names = [lv.name for lv in plan.levels]
+    emitted = [c for c in plan.caches if not c.skipped_thrifty and c.level != "registers"]
+    assert emitted, "the plan should copy at least one input"
+    copies = {name: n for name, n in runs.items() if name.endswith("_global")}
+    assert len(copies) == len(emitted)
+    for cache in emitted:
+        copied = copies[f"{cache.tensor}_global"] * w.elem_bytes
+        level = names.index(cache.level)
+        assert copied == simulate_dv(w, orders, tiles, level, tensors=[cache.tensor])
+
+
+def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
+    # One level whose tile is the whole problem: B's block is all of B, row-major, and the
+    # micro-kernel walks it k then n, the array's own order. A's is walked k then m: copied.
+    hw = Hardware(name="one", levels=[Level(name="registers", capacity_bytes=4096, bandwidth_bytes_per_s=1e11),
+                                      Level(name="L1", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e10)],
+                  peak_flops=1e11, vector_bytes=64)
+    w = builtin("gemm", {"m": 32, "n": 32, "k": 32})
+    plan = make_plan(w, hw, [["m", "n", "k"]] * 2, [{"m": 4, "n": 16, "k": 32}, {"m": 32, "n": 32, "k": 32}])
+    by_tensor = {c.tensor: c for c in plan.caches if c.level == "L1"}
+    assert by_tensor["B"].skipped_thrifty and not by_tensor["A"].skipped_thrifty
+    assert by_tensor["A"].attach_loop == "root" and "[k,m] inside each" in by_tensor["A"].layout
+    check(w, build(w, hw, plan).lib)
+
+
+def test_plan_caches_name_the_key_slice():
+    w = builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})
+    hw = HOST
+    orders = [["m", "n", "k"], ["m", "k", "n"], ["m", "n", "k"], ["m", "n", "k"]][: len(hw.levels)]
+    tiles = [{"m": 16, "n": 16, "k": 8}, {"m": 64, "n": 16, "k": 128}, {"m": 512, "n": 512, "k": 256},
+             {"m": 1024, "n": 1024, "k": 1024}][: len(hw.levels)]
+    caches = {(c.tensor, c.level): c for c in make_plan(w, hw, orders, tiles).caches}
+    # L2 order m,n,k with 4 k-blocks: A's and B's L2 blocks change at k; L1 order m,k,n: B's at n.
+    assert caches[("A", "L2")].attach_loop == "k.L2" and caches[("B", "L2")].attach_loop == "k.L2"
+    assert caches[("B", "L1")].attach_loop == "n.L1" and caches[("A", "L1")].attach_loop == "k.L1"
+    assert caches[("C", "registers")].attach_loop == "m.registers"  # n runs once at that level
+    assert "accumulated in place" in caches[("C", "registers")].layout  # k runs above the register tile
+
+
+def test_register_tile_does_not_spill():
+    """The micro-kernel of the default gemm plan keeps its accumulator in registers: the
+    generated assembly has no stack stores inside the vector FMA loop."""
+    w = builtin("gemm", {"m": 512, "n": 512, "k": 512})
+    plan = tune(w, HOST).plan
+    reg = plan.levels[0].tile
+    built = build(w, HOST, plan)
+    asm = built.lib.mod.inspect_source("asm")
+    # Basic blocks (split at labels) that hold the vector FMAs: the micro-kernel's loop.
+    blocks = re.split(r"\n[.\w]+:", asm)
+    kernel = [b for b in blocks if len(re.findall(r"\bvfmadd\w*ps\b", b)) >= 4]
+    lanes = HOST.vector_bytes // 4
+    accumulators = reg["m"] * -(-reg["n"] // lanes)
+    assert sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in kernel) >= accumulators
+    # A spill moves a vector register to or from the stack.
+    spills = [line for b in kernel for line in b.splitlines() if "(%rsp)" in line and re.search(r"%[xyz]mm", line)]
+    assert spills == []
+
+
+def test_export_writes_a_kernel_that_runs_and_a_script_that_rebuilds_it(tmp_path):
+    w = builtin("gemm-chain", {"m": 96, "n": 32, "k": 24, "l": 80})
+    result = tune(w, HOST)
+    export(result, tmp_path)
+    assert {p.name for p in tmp_path.iterdir()} == {"plan.json", "schedule.py", "kernel.so"}
+    lib = tvm.runtime.load_module(str(tmp_path / "kernel.so"))
+    arrays = random_inputs(w)
+    got = run_kernel(w, lib, arrays)["E"]
+    np.testing.assert_allclose(got, numpy_reference(w)(arrays)["E"], rtol=1e-3, atol=1e-3)
+    out = tmp_path / "rebuilt.so"
+    subprocess.run([sys.executable, str(tmp_path / "schedule.py"), str(out)], check=True, capture_output=True,
+                   env={**os.environ, "TVM_NUM_THREADS": "1"})
+    got = run_kernel(w, tvm.runtime.load_module(str(out)), arrays)["E"]
+    np.testing.assert_allclose(got, numpy_reference(w)(arrays)["E"], rtol=1e-3, atol=1e-3)
+
+
+def test_measure_reports_both_sides():
+    w = builtin("gemm", {"m": 128, "n": 128, "k": 128})
+    m = measure(tune(w, HOST))
+    assert m.kernel_gflops > 0 and m.numpy_gflops > 0
+    assert m.ratio == pytest.approx(m.numpy_seconds / m.kernel_seconds)
+    assert m.kernel_gflops == pytest.approx(w.flops / m.kernel_seconds / 1e9)
