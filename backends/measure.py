@@ -117,20 +117,23 @@ def measure(result: TuneResult, plan: Plan | None = None, repeat: int = 10, prog
     repeat = max(repeat, 10)
     report = progress or (lambda fraction, message: None)
     w = result.workload
-    report(0.0, "building")
-    built = built or build(w, result.hardware, plan or result.plan)
-    report(0.4, "checking against numpy")
-    error = check(w, built.lib)
-    report(0.5, "timing the kernel")
     arrays = random_inputs(w, seed=1)
+    reference = numpy_reference(w)
+    # numpy first: TVM's pool threads spin for a while after each kernel call and would
+    # steal the cores OpenBLAS needs.
+    time.sleep(0.2)
+    report(0.0, "timing numpy")
+    numpy_s = _median_seconds(lambda: reference(arrays), repeat)
+    report(0.25, "building")
+    built = built or build(w, result.hardware, plan or result.plan)
+    report(0.5, "checking against numpy")
+    error = check(w, built.lib)
+    report(0.6, "timing the kernel")
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(arrays[n], dev) if n in arrays else
             tvm.runtime.tensor(np.zeros([w.dims[x] for x in w.tensors[n].dims], w.dtype), dev) for n in w.signature]
     timer = built.lib.mod.time_evaluator("main", dev, number=1, repeat=repeat + 1, min_repeat_ms=20)
     kernel = statistics.median(timer(*args).results[1:])
-    report(0.75, "timing numpy")
-    reference = numpy_reference(w)
-    numpy_s = _median_seconds(lambda: reference(arrays), repeat)
     report(1.0, "done")
     return Measurement(
         kernel_gflops=w.flops / kernel / 1e9, numpy_gflops=w.flops / numpy_s / 1e9, ratio=numpy_s / kernel,

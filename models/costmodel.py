@@ -7,9 +7,11 @@ Semantics (Chimera's block decomposition with Accera's key-slice reloads):
   level's parent is the whole problem; edge tiles are clipped.
 * For level l, each op walks only its own loops, in the combined order of all
   levels >= l, outermost level first.
-* An input's or output's level-l block is refilled whenever it differs from the
-  block of the previous iteration; each refill moves the clipped block.
-  Intermediates move nothing.
+* A tensor's level-l block is refilled whenever it differs from the block of
+  the previous iteration; each refill moves the clipped block. Intermediates
+  move nothing at the outermost level (the fused kernel keeps that block in a
+  local buffer, never in memory); below it they move like any tensor, written
+  by their producer and read by their consumer.
 
 Why the closed form is exact. Call the walk's entries *positions* (a loop at a
 level); a position of one of tensor T's loops is a *T-position*. T's block is
@@ -118,7 +120,7 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
     total = 0.0
-    for name in workload.io_tensors(op):
+    for name in workload.moved_tensors(op, level, n):
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
         total = total + _tensor_dv(tdims, nont, pos, level, n, blocks, counts)

@@ -127,8 +127,18 @@ class Workload(BaseModel):
         return total
 
     def io_tensors(self, op: Op) -> list[str]:
-        """The op's tensors that move between levels (intermediates stay on chip)."""
+        """The op's inputs and outputs that are arrays of the kernel (not intermediates)."""
         return [t for t in [*op.inputs, op.output] if self.tensors[t].role != "intermediate"]
+
+    def moved_tensors(self, op: Op, level: int, n_levels: int) -> list[str]:
+        """The op's tensors whose blocks move into `level` (0 = innermost).
+
+        All of them, except intermediates at the outermost level: the fused kernel
+        keeps an intermediate's outermost-level block in a local buffer, so it
+        never reaches memory, but below that it moves like any other tensor.
+        """
+        return [t for t in [*op.inputs, op.output]
+                if level < n_levels - 1 or self.tensors[t].role != "intermediate"]
 
 
 def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:

@@ -112,7 +112,9 @@ class _Search:
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
-        compute = compute_seconds(sp.workload, sp.hardware, tile)[None, :] if level == 0 else sp.compute_seconds
+        compute = sp.compute_seconds
+        if level == 0:
+            compute = np.broadcast_to(compute_seconds(sp.workload, sp.hardware, tile), (len(rows),))[None, :]
         bound = np.maximum(compute, np.maximum(cmax, inner))
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())

@@ -51,7 +51,7 @@ def _multiplier_levels(space: Space, choice, level: int):
     terms = []
     for op in w.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in choice[j][0] if y in op.loops]
-        for name in w.io_tensors(op):
+        for name in w.moved_tensors(op, level, n):
             tdims = w.tensors[name].dims
             deepest = max((i for i, (j, y) in enumerate(walk) if y in tdims and y not in choice[j][1]), default=-1)
             factors = []

@@ -51,7 +51,7 @@ def _tensor_walks(workload: Workload, order):
     """For each op's input/output tensor: the op's loops in `order` and the tensor's loops."""
     for op in workload.ops:
         walk = [x for x in order if x in op.loops]
-        for name in workload.io_tensors(op):
+        for name in [*op.inputs, op.output]:
             yield walk, set(workload.tensors[name].dims)
 
 

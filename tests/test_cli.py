@@ -51,12 +51,12 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert w["signature"] == ["A", "B", "D", "E"]
     assert w["tensors"]["C"] == {"dims": ["b", "m", "l"], "role": "intermediate"}
     assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
-    assert doc["hardware"] == CUSTOM
+    assert doc["hardware"] == {**CUSTOM, "kind": "cpu", "cores": 1, "vector_bytes": None}  # defaults filled in
     plan = doc["plan"]
     assert [lp["name"] for lp in plan["levels"]] == ["near", "far"]
     assert {lp["capacity_bytes"] for lp in plan["levels"]} == {4096, 131072}
     assert all(lp["mu_bytes"] <= lp["capacity_bytes"] for lp in plan["levels"])
-    assert set(plan) == {"levels", "predicted_seconds", "bottleneck"}
+    assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "caches"}
     assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "capacity_bytes"}
     assert doc["solver"]["status"] in ("optimal", "feasible") and doc["solver"]["name"] == "auto"
     assert len(doc["alternatives"]) <= 2

@@ -57,11 +57,14 @@ def test_single_trip_loop_never_reloads():
     assert dv == simulate_dv(w, [["m", "n", "k"]], [{"m": 2, "n": 2, "k": 4}], 0)
 
 
-def test_intermediate_moves_nothing():
+def test_intermediate_moves_nothing_at_the_outermost_level_only():
     w = builtin("gemm-chain", {"m": 4, "k": 4, "l": 4, "n": 4})
     whole = {x: 4 for x in w.dims}
     # One block of everything: each input/output moves once, C never.
     assert float(data_volume(w, [["m", "l", "k", "n"]], [whole])[0]) == 4 * 16 * 4
+    # Below the outermost level C moves too: written by gemm1 once, read by gemm2 once.
+    two = data_volume(w, [["m", "l", "k", "n"]] * 2, [whole, whole])
+    assert [float(d) for d in two] == [4 * 16 * 6, 4 * 16 * 4]
 
 
 def test_single_level_bound_is_below_every_multi_level_plan():

@@ -59,8 +59,8 @@ def test_pyomo_solvers_within_two_percent_of_enumerate(solver, case):
     w = builtin(kind, dims)
     exact = tune(w, hw, "enumerate", time_limit=60, top=0)
     assert exact.solver.status == "optimal"
-    result = tune(w, hw, solver, time_limit=60, top=0)
-    assert result.solver.status in ("feasible", "optimal")
+    result = tune(w, hw, solver, time_limit=8, top=0)
+    assert result.solver.status in ("feasible", "optimal", "timeout")  # timeout: the best plan found in time
     assert result.plan.predicted_seconds <= 1.02 * exact.plan.predicted_seconds
     for lp in result.plan.levels:
         assert lp.mu_bytes <= lp.capacity_bytes
