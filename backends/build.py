@@ -30,7 +30,7 @@ def llvm_target(hardware: Hardware) -> dict:
 
 def use_all_cores(hardware: Hardware) -> None:
     """TVM's thread pool uses one thread here unless told; match the plan's core count."""
-    os.environ["TVM_NUM_THREADS"] = str(hardware.cores)
+    os.environ.setdefault("TVM_NUM_THREADS", str(hardware.cores))
 
 
 @dataclass

@@ -13,8 +13,8 @@ Tensor T's block at level l changes at its *key-slice*: the innermost loop of
 levels >= l that indexes T and runs more than once. A cache of T at level l
 is filled there ("root" when no such loop exists). Inputs are cached at every
 level >= 1 in one packed layout (`Layout`): tiles of each level inside the
-tiles of the level above, and inside a level-1 tile the dims in the order the
-micro-kernel walks them. Accera's thrifty rule skips a cache whose block is
+tiles of the level above, and inside a level-1 tile the array's own order
+with the vectorised dim moved last (the micro-kernel loads it as vectors). Accera's thrifty rule skips a cache whose block is
 already contiguous, in the same order, in the buffer it would copy from. In
 the packed layout every aligned block is one contiguous run, so only the
 outermost cache of each input copies anything; that one is skipped too when
@@ -101,7 +101,7 @@ class Layout:
 
     dims: list[str]
     bounds: list[list[int]]  # per dim: padded extent, then the tiles of levels top-1 .. 1
-    inner_order: list[int]  # dim positions, in the order the micro-kernel walks them
+    inner_order: list[int]  # dim positions inside a level-1 tile, outermost first
 
     def digits(self, idx, block=None) -> list[tuple[object, int, int]]:
         """(index, size, dim) digits, most significant first, for per-dim indices `idx`;
@@ -169,7 +169,7 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
             layout = Layout(
                 dims=list(tdims),
                 bounds=[[padded[x]] + [tiles[j][x] for j in range(n - 1, 0, -1)] for x in tdims],
-                inner_order=sorted(range(len(tdims)), key=lambda i: micro.index(tdims[i])),
+                inner_order=sorted(range(len(tdims)), key=lambda i: tdims[i] == micro[-1]),
             )
             padded_input = any(padded[x] != workload.dims[x] for x in tdims)
             copied = False

@@ -110,17 +110,22 @@ def test_cache_copies_move_exactly_the_modelled_volume(kind, dims):
 
 
 def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
-    # One level whose tile is the whole problem: B's block is all of B, row-major, and the
-    # micro-kernel walks it k then n, the array's own order. A's is walked k then m: copied.
-    hw = Hardware(name="one", levels=[Level(name="registers", capacity_bytes=4096, bandwidth_bytes_per_s=1e11),
-                                      Level(name="L1", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e10)],
+    # The L2 tile is the whole problem. B's L1 tiles are 16 full rows, so its packed layout is
+    # B's own row-major order: skipped. A's are 8x16 blocks of 32-wide rows: packing reorders A.
+    hw = Hardware(name="three", levels=[Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e11),
+                                        Level(name="L1", capacity_bytes=1 << 16, bandwidth_bytes_per_s=5e10),
+                                        Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e10)],
                   peak_flops=1e11, vector_bytes=64)
     w = builtin("gemm", {"m": 32, "n": 32, "k": 32})
-    plan = make_plan(w, hw, [["m", "n", "k"]] * 2, [{"m": 4, "n": 16, "k": 32}, {"m": 32, "n": 32, "k": 32}])
-    by_tensor = {c.tensor: c for c in plan.caches if c.level == "L1"}
-    assert by_tensor["B"].skipped_thrifty and not by_tensor["A"].skipped_thrifty
-    assert by_tensor["A"].attach_loop == "root" and "[k,m] inside each" in by_tensor["A"].layout
-    check(w, build(w, hw, plan).lib)
+    tiles = [{"m": 4, "n": 16, "k": 8}, {"m": 8, "n": 32, "k": 16}, {"m": 32, "n": 32, "k": 32}]
+    plan = make_plan(w, hw, [["m", "n", "k"]] * 3, tiles)
+    caches = {(c.tensor, c.level): c for c in plan.caches}
+    assert caches[("B", "L2")].skipped_thrifty and caches[("B", "L1")].skipped_thrifty
+    assert not caches[("A", "L2")].skipped_thrifty and caches[("A", "L2")].attach_loop == "root"
+    assert caches[("A", "L1")].skipped_thrifty  # a block of the packed layout is already contiguous
+    built = build(w, hw, plan)
+    assert {n for n in _block_runs(built.emitted.schedule.mod["main"].body) if n.endswith("_global")} == {"A_global"}
+    check(w, built.lib)
 
 
 def test_plan_caches_name_the_key_slice():

@@ -1,0 +1,219 @@
+"""Kernel benchmark: planned TVM kernels against numpy, MetaSchedule and an unfused baseline.
+
+    python bench/kernels.py [--workloads ../shared/workloads.json] [--trials 64 200] [--plans 24]
+                            [--skip-metaschedule] [--skip-spearman]
+
+Everything is measured in this one process, side by side: each kernel's
+GFLOP/s beside numpy's (np.matmul per op; two calls for a chain), medians of
+>= 10 runs (see cachetile.backends.measure). Tables:
+
+1. kernels: gemm 512^3, 1024^3, 1000^3 and every gemm-chain of workloads.json;
+   plan and build seconds, kernel and numpy GFLOP/s, their ratio, and for
+   chains the GFLOP/s of two separately planned GEMM kernels (unfused);
+2. MetaSchedule (evolutionary search, xgboost cost model) at each trial count
+   for gemm 1024^3 and bert-base attention: tuning seconds and GFLOP/s,
+   against cachetile's plan + build seconds and GFLOP/s;
+3. model vs measurement: for one gemm and one chain, the top alternatives plus
+   random feasible plans, each built and timed; Spearman's rank correlation
+   between predicted_seconds and measured seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from solve_times import table  # noqa: E402
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _time_kernel(lib, args, repeat=10):
+    import tvm
+
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat + 1, min_repeat_ms=20)
+    return statistics.median(timer(*args).results[1:])
+
+
+def _arrays(workload, names, seed=0):
+    import numpy as np
+    import tvm
+
+    rng = np.random.default_rng(seed)
+    return {n: tvm.runtime.tensor(rng.standard_normal([workload.dims[x] for x in workload.tensors[n].dims]).astype(
+        workload.dtype), tvm.cpu()) for n in names}
+
+
+def unfused_gflops(chain, hw, time_limit):
+    """Two planned GEMM kernels, C = A B then E = C D, timed back to back."""
+    from cachetile import builtin, tune
+    from cachetile.backends.build import build
+
+    d = chain.dims
+    batch = {"b": d["b"]} if "b" in d else {}
+    kind = "batch-gemm" if batch else "gemm"
+    g1 = builtin(kind, {**batch, "m": d["m"], "n": d["l"], "k": d["k"]})
+    g2 = builtin(kind, {**batch, "m": d["m"], "n": d["n"], "k": d["l"]})
+    total = 0.0
+    c = None
+    for g in (g1, g2):
+        lib = build(g, hw, tune(g, hw, time_limit=time_limit, top=0).plan).lib
+        arrays = _arrays(g, ["A", "B", "C"])
+        if c is not None:
+            arrays["A"] = c
+        total += _time_kernel(lib, [arrays[n] for n in g.signature])
+        c = arrays["C"]
+    return chain.flops / total / 1e9
+
+
+def kernel_rows(workloads, hw, time_limit):
+    from cachetile import builtin, tune
+    from cachetile.backends.measure import measure
+
+    rows = []
+    for name, w in workloads:
+        log(f"kernels: {name}")
+        start = time.perf_counter()
+        result = tune(w, hw, time_limit=time_limit, top=0)
+        plan_s = time.perf_counter() - start
+        m = measure(result)
+        unfused = f"{unfused_gflops(w, hw, time_limit):.1f}" if w.kind == "gemm-chain" else "-"
+        rows.append((name, f"{plan_s:.2f}", f"{m.build_seconds:.2f}", f"{m.kernel_gflops:.1f}", f"{m.numpy_gflops:.1f}",
+                     f"{m.ratio:.2f}", unfused))
+    return table(("workload", "plan s", "build s", "kernel GFLOP/s", "numpy GFLOP/s", "kernel/numpy", "unfused GFLOP/s"),
+                 rows)
+
+
+def metaschedule_rows(workloads, hw, trials, time_limit):
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from cachetile import tune
+    from cachetile.backends.build import build, llvm_target
+    from cachetile.backends.tensorir import primfunc
+
+    target = tvm.target.Target(llvm_target(hw))
+    rows = []
+    for name, w in workloads:
+        start = time.perf_counter()
+        result = tune(w, hw, time_limit=time_limit, top=0)
+        built = build(w, hw, result.plan)
+        ours_s = time.perf_counter() - start
+        args = list(_arrays(w, w.signature).values())
+        ours = w.flops / _time_kernel(built.lib, args) / 1e9
+        rows.append((name, "cachetile", f"{ours_s:.2f}", f"{ours:.1f}", "1.00", "1.00"))
+        for n in trials:
+            log(f"metaschedule: {name}, {n} trials")
+            mod = tvm.IRModule({"main": primfunc(w)})
+            with tempfile.TemporaryDirectory() as work:
+                start = time.perf_counter()
+                db = ms.tune_tir(mod, target, work, max_trials_global=n, num_trials_per_iter=64,
+                                 num_tuning_cores=hw.cores)
+                sch = ms.tir_integration.compile_tir(db, mod, target)
+                lib = tvm.compile(sch.mod, target=target)
+                secs = time.perf_counter() - start
+            gflops = w.flops / _time_kernel(lib, args) / 1e9
+            rows.append((name, f"MetaSchedule {n}", f"{secs:.1f}", f"{gflops:.1f}", f"{secs / ours_s:.0f}",
+                         f"{ours / gflops:.2f}"))
+    return table(("workload", "method", "seconds to a kernel", "GFLOP/s", "its seconds / ours", "our GFLOP/s / its"),
+                 rows)
+
+
+def random_plan(space, rng):
+    """A random plan the backend can emit: nested legal tiles that fit, random orders."""
+    import numpy as np
+
+    from cachetile.models.costmodel import memory_usage
+
+    w, n = space.workload, space.n_levels
+    for _ in range(10_000):
+        tiles, parent = [None] * n, dict(w.dims)
+        for j in reversed(range(n)):
+            t = {}
+            for x in space.loops:
+                c = space.candidates[x]
+                ok = c[space.legal(x, c, parent[x])]
+                t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
+            if memory_usage(w, t) > space.hardware.levels[j].capacity_bytes:
+                break
+            tiles[j], parent = t, t
+        else:
+            orders = [list(space.orders[rng.randrange(len(space.orders))]) for _ in range(n)]
+            return orders, tiles
+    raise RuntimeError("no random feasible plan found")
+
+
+def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
+    from scipy.stats import spearmanr
+
+    from cachetile import make_plan, tune
+    from cachetile.backends.build import build
+    from cachetile.optimizer.space import Space
+
+    rows = []
+    rng = random.Random(seed)
+    for name, w in workloads:
+        result = tune(w, hw, time_limit=time_limit, top=n_plans // 2)
+        plans = [result.plan, *result.alternatives]
+        space = Space(w, hw)
+        while len(plans) < n_plans:
+            orders, tiles = random_plan(space, rng)
+            plans.append(make_plan(w, hw, orders, tiles))
+        args = list(_arrays(w, w.signature).values())
+        predicted, measured = [], []
+        for i, plan in enumerate(plans):
+            log(f"model vs measurement: {name}, plan {i + 1}/{len(plans)}")
+            predicted.append(plan.predicted_seconds)
+            measured.append(_time_kernel(build(w, hw, plan).lib, args, repeat=10))
+        rho = spearmanr(predicted, measured).statistic
+        best = min(range(len(plans)), key=lambda i: measured[i])
+        rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.2f}", f"{measured[best] * 1e3:.2f}",
+                     f"{min(predicted) * 1e3:.2f}"))
+    return table(("workload", "plans", "Spearman", "best plan ms", "fastest measured ms", "best predicted ms"), rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", default=str(ROOT.parent / "shared" / "workloads.json"))
+    ap.add_argument("--hardware", default="host")
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--trials", type=int, nargs="+", default=[64, 200])
+    ap.add_argument("--plans", type=int, default=24)
+    ap.add_argument("--skip-metaschedule", action="store_true")
+    ap.add_argument("--skip-spearman", action="store_true")
+    args = ap.parse_args()
+
+    from cachetile import builtin, hardware_from
+    from cachetile.backends.build import use_all_cores
+
+    hw = hardware_from(args.hardware)
+    use_all_cores(hw)
+    shared = json.loads(Path(args.workloads).read_text())["workloads"]
+    by_name = {d["name"]: builtin(d["kind"], d["dims"]) for d in shared}
+    rows = [("gemm-512", builtin("gemm", {"m": 512, "n": 512, "k": 512})),
+            ("gemm-1024", builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})),
+            ("gemm-1000", builtin("gemm", {"m": 1000, "n": 1000, "k": 1000}))]
+    rows += [(name, w) for name, w in by_name.items() if w.kind == "gemm-chain"]
+    print(f"# cachetile kernels on {hw.name} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})\n")
+    print(kernel_rows(rows, hw, args.time_limit) + "\n", flush=True)
+    if not args.skip_metaschedule:
+        ms_rows = [("gemm-1024", rows[1][1]), ("bert-base-attention", by_name["bert-base-attention"])]
+        print(metaschedule_rows(ms_rows, hw, args.trials, args.time_limit) + "\n", flush=True)
+    if not args.skip_spearman:
+        sp_rows = [("gemm-1024", rows[1][1]), ("bert-base-attention", by_name["bert-base-attention"])]
+        print(spearman_rows(sp_rows, hw, args.plans, args.time_limit), flush=True)
+
+
+if __name__ == "__main__":
+    main()
