@@ -23,6 +23,7 @@ from ..models.caches import (
     CacheRecord, CacheSite, Layout, effective_tiles, input_caches, is_producer, micro_order, output_tile, plan_caches,
     trips, walk,
 )
+from ..models.costmodel import parallel_candidates, parallel_trips
 from ..models.hardware import Hardware
 from ..models.plan import Plan
 from ..models.workload import Workload
@@ -72,7 +73,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.compute_at(blocks[op.name], nests.get(consumer, shared_top[-1]), preserve_unit_loops=True)
         _tile(sch, blocks[op.name], workload, orders, op, tiles, padded, nests)
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
-    parallel = _parallelize(sch, workload, orders, tiles, padded, hardware, nests)
+    parallel = _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
     for op in workload.ops:
         _micro_kernel(sch, nests, op, micro_order(workload, op))
@@ -109,25 +110,17 @@ def _outer_shared(workload, op, pos, top) -> bool:
     return is_producer(workload, op) and pos[1] == top and pos[0] in workload.shared_loops
 
 
-def _parallelize(sch, workload, orders, tiles, padded, hardware, nests: _Nests):
-    """Run the outermost loop that is spatial for every op under it in parallel: the first
-    with at least `cores` trips, else the one with most. Reduction loops above stay serial."""
+def _parallelize(sch, workload, plan, hardware, nests: _Nests):
+    """Run the loop the cost model assumes parallel (costmodel.parallel_trips) over the cores."""
     if hardware.cores < 2:
         return None
-    consumer = workload.ops[-1]
-    out = set(workload.tensors[consumer.output].dims)
-    everywhere = out.intersection(*[workload.tensors[op.output].dims for op in workload.ops])
-    candidates = []
-    for x, j in walk(workload, orders, consumer):
-        # Producers run inside the outermost level's shared loops: those must be spatial for them too.
-        spatial = everywhere if j == len(tiles) - 1 and x in workload.shared_loops else out
-        if j >= 1 and x in spatial:
-            candidates.append(((x, j), trips(tiles, padded, x, j)))
-    pick = next((c for c in candidates if c[1] >= hardware.cores), max(candidates, key=lambda c: c[1], default=None))
-    if pick is None or pick[1] < 2:
+    orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
+    index, trips = parallel_trips(workload, orders, tiles, hardware.cores)
+    if int(index) < 0 or int(trips) < 2:
         return None
-    sch.parallel(nests.get(consumer, pick[0]))
-    return pick[0]
+    position = parallel_candidates(workload, orders)[int(index)]
+    sch.parallel(nests.get(workload.ops[-1], position))
+    return position
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:

@@ -178,26 +178,69 @@ def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np
 FMA_CHAINS = 8
 
 
-def compute_seconds(workload: Workload, hardware: Hardware, register_tile: Mapping[str, np.ndarray | int] | None = None) -> np.ndarray:
-    """Time of the arithmetic alone.
+def parallel_candidates(workload: Workload, orders: Orders) -> list[tuple[str, int]]:
+    """Loops (loop, level >= 1) the CPU backend may run in parallel, outermost first.
 
-    At peak on hardware without SIMD registers, or when no register tile is
-    given. With them (`vector_bytes`), each op's register tile of its output
-    keeps `prod(tile) / lanes` accumulator vectors in flight; below FMA_CHAINS
-    the FMA latency, not the pipes, sets the pace, and the op runs at that
-    fraction of peak.
+    Those spatial for the last op; among the outermost level's shared loops, which
+    enclose the chain's producers, only those spatial for every op.
     """
-    if register_tile is None or not hardware.vector_bytes:
+    last = workload.ops[-1]
+    out = set(workload.tensors[last.output].dims)
+    everywhere = out.intersection(*[workload.tensors[op.output].dims for op in workload.ops])
+    top = len(orders) - 1
+    return [(x, j) for j in reversed(range(1, len(orders))) for x in orders[j]
+            if x in last.loops and x in (everywhere if j == top and x in workload.shared_loops else out)]
+
+
+def parallel_trips(workload: Workload, orders: Orders, tiles: Tiles, cores: int) -> tuple[np.ndarray, np.ndarray]:
+    """The loop the backend runs in parallel, as (index into parallel_candidates, its trips).
+
+    The first candidate with at least `cores` trips, else the one with most; -1 and 1 trip
+    when there is none.
+    """
+    cands = parallel_candidates(workload, orders)
+    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims]) if tiles else ()
+    pick, trips = np.full(shape, -1), np.ones(shape)
+    best, best_trips = np.full(shape, -1), np.ones(shape)
+    for i, (x, j) in enumerate(cands):
+        parent = tiles[j + 1][x] if j + 1 < len(tiles) else workload.dims[x]
+        t = np.ceil(np.asarray(parent, dtype=np.float64) / np.asarray(tiles[j][x], dtype=np.float64))
+        first = (pick < 0) & (t >= cores)
+        pick, trips = np.where(first, i, pick), np.where(first, t, trips)
+        better = t > best_trips
+        best, best_trips = np.where(better, i, best), np.where(better, t, best_trips)
+    none = pick < 0
+    return np.where(none, best, pick), np.where(none, best_trips, trips)
+
+
+def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
+                    tiles: Tiles | None = None) -> np.ndarray:
+    """Time of the arithmetic alone: peak, unless the plan keeps the cores from it.
+
+    Without a plan, or on hardware without SIMD registers and one core, that is
+    flops / peak. With SIMD registers (`vector_bytes`), each op's register tile
+    of its output keeps `prod(tile) / lanes` accumulator vectors in flight;
+    below FMA_CHAINS the FMA latency, not the pipes, sets the pace, and the op
+    runs at that fraction of peak. With several cores, the parallel loop's trips
+    are shared out in rounds of `cores`; a last partial round idles the rest.
+    """
+    if tiles is None:
         return np.asarray(workload.flops / hardware.peak_flops)
-    lanes = hardware.vector_bytes // workload.elem_bytes
     total = 0.0
     for op in workload.ops:
-        dims = workload.tensors[op.output].dims
-        vectors = np.ceil(np.asarray(register_tile[dims[-1]], dtype=np.float64) / lanes)
-        for x in dims[:-1]:
-            vectors = vectors * np.asarray(register_tile[x], dtype=np.float64)
         points = float(np.prod([workload.dims[x] for x in op.loops], dtype=np.float64))
-        total = total + 2.0 * points / hardware.peak_flops / np.minimum(1.0, vectors / FMA_CHAINS)
+        seconds = 2.0 * points / hardware.peak_flops
+        if hardware.vector_bytes:
+            lanes = hardware.vector_bytes // workload.elem_bytes
+            dims = workload.tensors[op.output].dims
+            vectors = np.ceil(np.asarray(tiles[0][dims[-1]], dtype=np.float64) / lanes)
+            for x in dims[:-1]:
+                vectors = vectors * np.asarray(tiles[0][x], dtype=np.float64)
+            seconds = seconds / np.minimum(1.0, vectors / FMA_CHAINS)
+        total = total + seconds
+    if hardware.cores > 1 and orders is not None:
+        _, trips = parallel_trips(workload, orders, tiles, hardware.cores)
+        total = total * (hardware.cores * np.ceil(trips / hardware.cores)) / np.maximum(trips, 1)
     return np.asarray(total)
 
 

@@ -64,7 +64,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     check_tiles(workload, tiles)
     dv = [float(d) for d in data_volume(workload, orders, tiles)]
     secs = level_seconds(hardware, dv)
-    compute = float(compute_seconds(workload, hardware, tiles[0]))
+    compute = float(compute_seconds(workload, hardware, orders, tiles))
     worst = max(range(len(secs)), key=lambda i: secs[i])
     predicted, bottleneck = (secs[worst], hardware.levels[worst].name) if secs[worst] > compute else (compute, "compute")
     levels = [

@@ -112,9 +112,11 @@ class _Search:
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
-        compute = sp.compute_seconds
+        compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level == 0:
-            compute = np.broadcast_to(compute_seconds(sp.workload, sp.hardware, tile), (len(rows),))[None, :]
+            compute = np.stack([
+                np.broadcast_to(compute_seconds(sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles]),
+                                (len(rows),)) for order in sp.orders])
         bound = np.maximum(compute, np.maximum(cmax, inner))
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())

@@ -81,7 +81,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x])
-    compute = compute_seconds(space.workload, hw, tiles[0])
+    compute = compute_seconds(space.workload, hw, orders, tiles)
     return np.maximum(compute, memmax), memmax, memsum, feasible
 
 
