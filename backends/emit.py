@@ -75,12 +75,14 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
     parallel = _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
+    pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
         _micro_kernel(sch, nests, op, micro_order(workload, op))
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, double_buffer)
+                         nests, padded, lanes, double_buffer, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
+    _double_buffer(sch, pipelined)
     for name, t in workload.tensors.items():
         if t.role == "input" and any(padded[x] != workload.dims[x] for x in t.dims):
             # The zero-padding copy folds into the first cache that reads it.
@@ -140,7 +142,8 @@ def _read_index(sch, block, buffer_name: str) -> int:
     return [r.source.name for r in sch.get(block).reads].index(buffer_name)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer) -> None:
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer,
+                 pipelined: list) -> None:
     tdims = workload.tensors[sites[0].tensor].dims
     source = pad_name(sites[0].tensor) if any(padded[x] != workload.dims[x] for x in tdims) else sites[0].tensor
     made = []
@@ -154,7 +157,7 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
         sch.transform_layout(cache, ("write", 0), site.layout.index_map())
         _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=site.key is None)
         if double_buffer and site.key is not None:
-            _double_buffer(sch, cache, nests.get(op, site.key))
+            pipelined.append((cache, nests.get(op, site.key)))
 
 
 def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bool) -> None:
@@ -199,18 +202,21 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes) -
         _vectorize(sch, sch.get_loops(b)[-1], lanes)
 
 
-def _double_buffer(sch, cache, loop) -> None:
-    """Software-pipeline the attach loop: the copy of the next block runs one stage ahead."""
-    body = sch.get(loop).body
-    if not isinstance(body, tirx.SeqStmt):
-        return
-    name = sch.get(cache).name_hint
-    stages = [0 if _contains_block(s, name) else 1 for s in body.seq]
-    sch.annotate(loop, "software_pipeline_stage", stages)
-    sch.annotate(loop, "software_pipeline_order", list(range(len(stages))))
-
-
-def _contains_block(stmt, name: str) -> bool:
-    found = []
-    tirx.stmt_functor.post_order_visit(stmt, lambda s: found.append(getattr(s, "name_hint", None) == name))
-    return any(found)
+def _double_buffer(sch, copies) -> None:
+    """Software-pipeline each loop that input caches attach to: the copies of the next
+    iteration's blocks run one stage ahead of the compute (N = 2 buffers)."""
+    by_loop = {}
+    for cache, loop in copies:
+        by_loop.setdefault(sch.get(loop), (loop, []))[1].append(cache)
+    for node, (loop, caches) in by_loop.items():
+        body = node.body
+        if not isinstance(body, tirx.SeqStmt):
+            continue
+        heads = []
+        for cache in caches:
+            loops = [sch.get(lp) for lp in sch.get_loops(cache)]
+            below = loops[[lp.same_as(node) for lp in loops].index(True) + 1:]
+            heads.append(below[0] if below else None)
+        stages = [0 if any(h is not None and s.same_as(h) for h in heads) else 1 for s in body.seq]
+        sch.annotate(loop, "software_pipeline_stage", stages)
+        sch.annotate(loop, "software_pipeline_order", list(range(len(stages))))

@@ -11,7 +11,8 @@ import tvm
 from tvm import s_tir, tirx
 
 from cachetile import builtin, make_plan, preset, tune
-from cachetile.backends.build import build, export
+from cachetile.backends.build import build, export, llvm_target
+from cachetile.backends.emit import emit
 from cachetile.backends.measure import MismatchError, check, measure, numpy_reference, random_inputs, run_kernel
 from cachetile.models.hardware import Hardware, Level
 from cachetile.optimizer.registry import SOLVERS
@@ -184,3 +185,16 @@ def test_measure_reports_both_sides():
     assert m.kernel_gflops > 0 and m.numpy_gflops > 0
     assert m.ratio == pytest.approx(m.numpy_seconds / m.kernel_seconds)
     assert m.kernel_gflops == pytest.approx(w.flops / m.kernel_seconds / 1e9)
+
+
+def test_double_buffered_caches_pipeline_their_attach_loop_and_stay_correct():
+    w = builtin("gemm", {"m": 256, "n": 256, "k": 256})
+    tiles = [{"m": 8, "n": 16, "k": 4}, {"m": 32, "n": 64, "k": 64}, {"m": 64, "n": 128, "k": 128},
+             {"m": 128, "n": 256, "k": 256}]
+    plan = make_plan(w, HOST, [["m", "n", "k"]] * 4, tiles[: len(HOST.levels)])
+    emitted = emit(w, HOST, plan, double_buffer=True)
+    assert [(c.tensor, c.attach_loop) for c in emitted.caches if c.double_buffer] == [("A", "m.L3")]
+    script = emitted.schedule.mod.script()
+    assert script.count("software_pipeline_stage") == 1
+    lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(llvm_target(HOST)))
+    check(w, lib)
