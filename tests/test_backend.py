@@ -191,7 +191,7 @@ def test_double_buffered_caches_pipeline_their_attach_loop_and_stay_correct():
     w = builtin("gemm", {"m": 256, "n": 256, "k": 256})
     tiles = [{"m": 8, "n": 16, "k": 4}, {"m": 32, "n": 64, "k": 64}, {"m": 64, "n": 128, "k": 128},
              {"m": 128, "n": 256, "k": 256}]
-    plan = make_plan(w, HOST, [["m", "n", "k"]] * 4, tiles[: len(HOST.levels)])
+    plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles[: len(HOST.levels)])
     emitted = emit(w, HOST, plan, double_buffer=True)
     assert [(c.tensor, c.attach_loop) for c in emitted.caches if c.double_buffer] == [("A", "m.L3")]
     script = emitted.schedule.mod.script()
