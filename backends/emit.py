@@ -23,7 +23,7 @@ from ..models.caches import (
     CacheRecord, CacheSite, Layout, effective_tiles, input_caches, is_producer, micro_order, output_tile, plan_caches,
     trips, walk,
 )
-from ..models.costmodel import parallel_candidates, parallel_trips
+from ..models.costmodel import parallel_candidates, parallel_loops
 from ..models.hardware import Hardware
 from ..models.plan import Plan
 from ..models.workload import Workload
@@ -113,16 +113,17 @@ def _outer_shared(workload, op, pos, top) -> bool:
 
 
 def _parallelize(sch, workload, plan, hardware, nests: _Nests):
-    """Run the loop the cost model assumes parallel (costmodel.parallel_trips) over the cores."""
+    """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores."""
     if hardware.cores < 2:
         return None
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
-    index, trips = parallel_trips(workload, orders, tiles, hardware.cores)
-    if int(index) < 0 or int(trips) < 2:
-        return None
-    position = parallel_candidates(workload, orders)[int(index)]
-    sch.parallel(nests.get(workload.ops[-1], position))
-    return position
+    chosen = None
+    for op, (index, trips) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
+        if int(index) >= 0 and int(trips) >= 2:
+            position = parallel_candidates(workload, orders, op)[int(index)]
+            sch.parallel(nests.get(op, position))
+            chosen = chosen or position
+    return chosen
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:

@@ -114,8 +114,9 @@ def _blocks(workload: Workload, tiles: Tiles, lowest: int):
     return blocks, {x: block_counts(b) for x, b in blocks.items()}
 
 
-def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts) -> np.ndarray:
-    """Elements one op moves into `level`, summed over its inputs and outputs."""
+def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None) -> np.ndarray:
+    """Elements one op moves into `level`, summed over its inputs and outputs (each times
+    weights[(op name, tensor)] when given)."""
     n = len(orders)
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
@@ -123,21 +124,45 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     for name in workload.moved_tensors(op, level, n):
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
-        total = total + _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
+        weight = weights.get((op.name, name), 1) if weights else 1
+        total = total + weight * _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
     return total
 
 
-def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None) -> list[np.ndarray]:
+def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, str], int] | None:
+    """How many bytes of load bandwidth each element moved into SIMD registers costs.
+
+    An op's micro-kernel loads a tensor whose last dim is the output's last (the
+    vectorised loop) as whole vectors, but broadcasts every other tensor one
+    element per load: each such element takes a full vector load slot, `lanes`
+    times its bytes. Without SIMD registers every element costs its bytes.
+    """
+    if not hardware.vector_bytes:
+        return None
+    lanes = hardware.vector_bytes // workload.elem_bytes
+    weights = {}
+    for op in workload.ops:
+        vector = workload.tensors[op.output].dims[-1]
+        for name in op.inputs:
+            weights[(op.name, name)] = 1 if workload.tensors[name].dims[-1] == vector else lanes
+    return weights
+
+
+def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
+                hardware: Hardware | None = None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     Level l depends only on the orders and tiles of levels >= l, so a search may
-    pass outer levels as scalars and one level as candidate arrays.
+    pass outer levels as scalars and one level as candidate arrays. With
+    `hardware`, level 0 (the registers) counts load bandwidth: see register_weights.
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = _blocks(workload, tiles, min(levels))
+    weights = register_weights(workload, hardware) if hardware is not None else None
     dv = []
     for level in levels:
-        total = sum(op_volume(workload, op, orders, level, blocks, counts) for op in workload.ops)
+        w = weights if level == 0 else None
+        total = sum(op_volume(workload, op, orders, level, blocks, counts, w) for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
 
@@ -178,28 +203,29 @@ def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np
 FMA_CHAINS = 8
 
 
-def parallel_candidates(workload: Workload, orders: Orders) -> list[tuple[str, int]]:
-    """Loops (loop, level >= 1) the CPU backend may run in parallel, outermost first.
+def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[str, int]]:
+    """Loops (loop, level >= 1) of `op`'s nest the CPU backend may run in parallel, outermost first.
 
-    Those spatial for the last op; among the outermost level's shared loops, which
-    enclose the chain's producers, only those spatial for every op.
+    Those spatial for the op. The outermost level's shared loops belong to the last
+    op's nest and enclose the chain's producers: they qualify only there, and only
+    when spatial for every op.
     """
-    last = workload.ops[-1]
-    out = set(workload.tensors[last.output].dims)
-    everywhere = out.intersection(*[workload.tensors[op.output].dims for op in workload.ops])
-    top = len(orders) - 1
-    return [(x, j) for j in reversed(range(1, len(orders))) for x in orders[j]
-            if x in last.loops and x in (everywhere if j == top and x in workload.shared_loops else out)]
+    out = set(workload.tensors[op.output].dims)
+    everywhere = out.intersection(*[workload.tensors[o.output].dims for o in workload.ops])
+    top, last = len(orders) - 1, op is workload.ops[-1]
+    cands = []
+    for j in reversed(range(1, len(orders))):
+        for x in orders[j]:
+            outer_shared = j == top and x in workload.shared_loops and len(workload.ops) > 1
+            if x in op.loops and x in out and (not outer_shared or (last and x in everywhere)):
+                cands.append((x, j))
+    return cands
 
 
-def parallel_trips(workload: Workload, orders: Orders, tiles: Tiles, cores: int) -> tuple[np.ndarray, np.ndarray]:
-    """The loop the backend runs in parallel, as (index into parallel_candidates, its trips).
-
-    The first candidate with at least `cores` trips, else the one with most; -1 and 1 trip
-    when there is none.
-    """
-    cands = parallel_candidates(workload, orders)
-    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims]) if tiles else ()
+def _pick(workload, orders, tiles, cores, cands):
+    """Index into `cands` and trips of the first candidate with >= cores trips, else the one
+    with most trips (-1 and 1 trip when there is none); vectorised over tile arrays."""
+    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims])
     pick, trips = np.full(shape, -1), np.ones(shape)
     best, best_trips = np.full(shape, -1), np.ones(shape)
     for i, (x, j) in enumerate(cands):
@@ -211,6 +237,25 @@ def parallel_trips(workload: Workload, orders: Orders, tiles: Tiles, cores: int)
         best, best_trips = np.where(better, i, best), np.where(better, t, best_trips)
     none = pick < 0
     return np.where(none, best, pick), np.where(none, best_trips, trips)
+
+
+def parallel_loops(workload: Workload, orders: Orders, tiles: Tiles, cores: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per op, the loop the backend runs in parallel: (index into parallel_candidates or -1, trips).
+
+    The last op takes the first candidate with at least `cores` trips, else the one
+    with most. When that loop encloses the producers, they run inside it (index -1,
+    its trips); otherwise each producer picks in its own nest the same way.
+    """
+    last = workload.ops[-1]
+    pick, trips = _pick(workload, orders, tiles, cores, parallel_candidates(workload, orders, last))
+    cands = parallel_candidates(workload, orders, last)
+    top = len(orders) - 1
+    encloses = np.isin(pick, [i for i, (x, j) in enumerate(cands) if j == top and x in workload.shared_loops])
+    result = []
+    for op in workload.ops[:-1]:
+        p_pick, p_trips = _pick(workload, orders, tiles, cores, parallel_candidates(workload, orders, op))
+        result.append((np.where(encloses, -1, p_pick), np.where(encloses, trips, p_trips)))
+    return result + [(pick, trips)]
 
 
 def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
@@ -227,7 +272,8 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
     if tiles is None:
         return np.asarray(workload.flops / hardware.peak_flops)
     total = 0.0
-    for op in workload.ops:
+    parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
+    for i, op in enumerate(workload.ops):
         points = float(np.prod([workload.dims[x] for x in op.loops], dtype=np.float64))
         seconds = 2.0 * points / hardware.peak_flops
         if hardware.vector_bytes:
@@ -237,10 +283,10 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
             for x in dims[:-1]:
                 vectors = vectors * np.asarray(tiles[0][x], dtype=np.float64)
             seconds = seconds / np.minimum(1.0, vectors / FMA_CHAINS)
+        if parallel is not None:
+            trips = parallel[i][1]
+            seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)
         total = total + seconds
-    if hardware.cores > 1 and orders is not None:
-        _, trips = parallel_trips(workload, orders, tiles, hardware.cores)
-        total = total * (hardware.cores * np.ceil(trips / hardware.cores)) / np.maximum(trips, 1)
     return np.asarray(total)
 
 

@@ -62,7 +62,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     for order in orders:
         check_order(workload, order)
     check_tiles(workload, tiles)
-    dv = [float(d) for d in data_volume(workload, orders, tiles)]
+    dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     secs = level_seconds(hardware, dv)
     compute = float(compute_seconds(workload, hardware, orders, tiles))
     worst = max(range(len(secs)), key=lambda i: secs[i])

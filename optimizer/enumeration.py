@@ -100,7 +100,8 @@ class _Search:
                 if self.deadline.expired():
                     raise _Timeout
                 part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
-                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0])[0]
+                hw = sp.hardware if level == 0 else None  # register load slots only at the true level 0
+                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0], hardware=hw)[0]
                 secs[o, lo : lo + CHUNK] = dv / bw
         self.evaluated += len(rows) * len(sp.orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide

@@ -71,7 +71,7 @@ class TopK:
 def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays)."""
     hw = space.hardware
-    dv = data_volume(space.workload, orders, tiles)
+    dv = data_volume(space.workload, orders, tiles, hardware=hw)
     secs = [d / lv.bandwidth_bytes_per_s for d, lv in zip(dv, hw.levels)]
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
