@@ -124,18 +124,25 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     for name in workload.moved_tensors(op, level, n):
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
-        weight = weights.get((op.name, name), 1) if weights else 1
-        total = total + weight * _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
+        if weights and name in op.inputs:
+            # Streamed into SIMD registers: reloaded at every step of the level's walk.
+            steps = 1.0
+            for y in nont:
+                steps = steps * counts[y][level]
+            total = total + weights[(op.name, name)] * float(np.prod([workload.dims[x] for x in tdims])) * steps
+        else:
+            total = total + _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
     return total
 
 
 def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, str], int] | None:
-    """How many bytes of load bandwidth each element moved into SIMD registers costs.
+    """The SIMD register model: per (op, input), the bytes of load bandwidth an element costs.
 
-    An op's micro-kernel loads a tensor whose last dim is the output's last (the
-    vectorised loop) as whole vectors, but broadcasts every other tensor one
-    element per load: each such element takes a full vector load slot, `lanes`
-    times its bytes. Without SIMD registers every element costs its bytes.
+    On SIMD CPUs only the output's register tile (the accumulators) stays in
+    registers; the micro-kernel streams its inputs from L1 at every step. An
+    input whose last dim is the output's last (the vectorised loop) is loaded as
+    whole vectors (cost 1); any other is broadcast one element per load, each
+    taking a full vector load slot (cost `lanes`). None without SIMD registers.
     """
     if not hardware.vector_bytes:
         return None
@@ -167,7 +174,7 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     return dv
 
 
-def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
+def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int], weights=None) -> np.ndarray:
     """A lower bound on a level's DV in bytes that holds whatever the levels around it do.
 
     Each op on its own, walking only this level's tiles over the whole problem in
@@ -178,21 +185,49 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int])
     total = 0.0
     for op in workload.ops:
         total = total + np.minimum.reduce(
-            [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts), np.shape(blocks[op.loops[0]][0][0])[1:])
+            [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts, weights), np.shape(blocks[op.loops[0]][0][0])[1:])
              for perm in itertools.permutations(op.loops)]
         )
     return np.asarray(total, dtype=np.float64) * workload.elem_bytes
 
 
-def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
-    """MU of one level in bytes: the largest per-op sum of full (unclipped) tensor blocks."""
+def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int], weights=None) -> np.ndarray:
+    """MU of one level in bytes: the largest per-op sum of full (unclipped) tensor blocks
+    (each times weights[(op name, tensor)] when given)."""
     worst = 0.0
     for op in workload.ops:
         total = 0.0
         for name in [*op.inputs, op.output]:
-            block = 1.0
+            block = weights.get((op.name, name), 1) if weights else 1.0
             for x in workload.tensors[name].dims:
                 block = block * np.asarray(tile[x], dtype=np.float64)
+            total = total + block
+        worst = np.maximum(worst, total)
+    return np.asarray(worst) * workload.elem_bytes
+
+
+def level_usage(workload: Workload, hardware: Hardware, level: int, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
+    """MU of `level` on this hardware. In SIMD registers (see register_weights): per op the
+    accumulator tile, plus the vectors of one reduction step of each vector-loaded input,
+    plus one register per broadcast input. Elsewhere memory_usage."""
+    weights = register_weights(workload, hardware) if level == 0 else None
+    if weights is None:
+        return memory_usage(workload, tile)
+    lanes = hardware.vector_bytes // workload.elem_bytes
+    worst = 0.0
+    for op in workload.ops:
+        out = workload.tensors[op.output].dims
+        total = 1.0
+        for x in out:
+            total = total * np.asarray(tile[x], dtype=np.float64)
+        for name in op.inputs:
+            if weights[(op.name, name)] > 1:
+                total = total + lanes
+                continue
+            block = 1.0
+            for x in workload.tensors[name].dims:
+                if x in out:
+                    block = block * np.asarray(tile[x], dtype=np.float64)
             total = total + block
         worst = np.maximum(worst, total)
     return np.asarray(worst) * workload.elem_bytes
@@ -201,6 +236,29 @@ def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np
 # Independent accumulator vectors a core needs to hide FMA latency: about 4 cycles
 # on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle.
 FMA_CHAINS = 8
+
+
+def registers_share_issue(hardware: Hardware) -> bool:
+    """On SIMD CPUs the register file is filled by load instructions issued from the same
+    core as the FMAs, so the registers' link time adds to the compute time instead of
+    overlapping it (measured: 4x64 register tiles, 8 loads per 16 FMAs, run 1.33x faster
+    than 16x16 tiles, 17 loads per 16 FMAs)."""
+    return hardware.kind == "cpu" and hardware.vector_bytes is not None
+
+
+def predicted_seconds(hardware: Hardware, compute, link_seconds) -> tuple[np.ndarray, np.ndarray]:
+    """Time of a plan from its compute time and each level's link time, and the index of
+    the level that sets it (-1: compute). Vectorised."""
+    links = [np.asarray(s, dtype=np.float64) for s in link_seconds]
+    compute = np.asarray(compute, dtype=np.float64)
+    first = 0
+    if registers_share_issue(hardware):
+        compute, first = compute + links[0], 1
+    best, index = compute, np.full(np.broadcast_shapes(compute.shape, *[s.shape for s in links]), -1)
+    for i in range(first, len(links)):
+        index = np.where(links[i] > best, i, index)
+        best = np.maximum(best, links[i])
+    return best, index
 
 
 def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[str, int]]:

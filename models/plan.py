@@ -10,7 +10,9 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .caches import CacheRecord, plan_caches
-from .costmodel import Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, memory_usage
+from .costmodel import (
+    Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, level_usage, predicted_seconds,
+)
 from .hardware import Hardware
 from .workload import Workload
 
@@ -65,15 +67,15 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     secs = level_seconds(hardware, dv)
     compute = float(compute_seconds(workload, hardware, orders, tiles))
-    worst = max(range(len(secs)), key=lambda i: secs[i])
-    predicted, bottleneck = (secs[worst], hardware.levels[worst].name) if secs[worst] > compute else (compute, "compute")
+    predicted, worst = predicted_seconds(hardware, compute, secs)
+    predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
             name=lv.name,
             order=list(orders[i]),
             tile={x: int(tiles[i][x]) for x in workload.dims},
             dv_bytes=dv[i],
-            mu_bytes=float(memory_usage(workload, tiles[i])),
+            mu_bytes=float(level_usage(workload, hardware, i, tiles[i])),
             capacity_bytes=lv.capacity_bytes,
         )
         for i, lv in enumerate(hardware.levels)

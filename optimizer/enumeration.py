@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, memory_usage, single_level_bound
+from ..models.costmodel import (
+    compute_seconds, data_volume, level_usage, memory_usage, register_weights, registers_share_issue, single_level_bound,
+)
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
 
@@ -36,13 +38,18 @@ def _grid(space: Space) -> np.ndarray:
 
 
 class _Search:
-    def __init__(self, space: Space, deadline: Deadline, best: TopK):
+    def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None):
         self.space, self.deadline, self.best = space, deadline, best
         grid = _grid(space)
         self.grid_mu = memory_usage(space.workload, {x: grid[:, i] for i, x in enumerate(space.loops)})
         self.grid = grid
-        # Candidate tiles that fit each level.
+        # Candidate tiles that fit each level (level 0 limited to `register_rows` when given).
         self.rows = [grid[self.grid_mu <= lv.capacity_bytes] for lv in space.hardware.levels]
+        # Registers hold a broadcast element in a whole vector: level 0 has its own usage.
+        self.register_mu = level_usage(space.workload, space.hardware, 0, {x: grid[:, i] for i, x in enumerate(space.loops)})
+        self.rows[0] = grid[self.register_mu <= space.hardware.levels[0].capacity_bytes]
+        if register_rows is not None:
+            self.rows[0] = register_rows
         self.floor_tables: dict[int, np.ndarray | None] = {}
         self.evaluated = 0
 
@@ -62,20 +69,22 @@ class _Search:
                     raise _Timeout
                 tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
                 lv = sp.hardware.levels[level]
-                t = single_level_bound(sp.workload, tile) / lv.bandwidth_bytes_per_s
-                t = np.where(self.grid_mu <= lv.capacity_bytes, t, np.inf).reshape(shape)
+                weights = register_weights(sp.workload, sp.hardware) if level == 0 else None
+                t = single_level_bound(sp.workload, tile, weights) / lv.bandwidth_bytes_per_s
+                mu = self.register_mu if level == 0 else self.grid_mu
+                t = np.where(mu <= lv.capacity_bytes, t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
                 table = t
             self.floor_tables[level] = table
         return self.floor_tables[level]
 
-    def _inner_floor(self, level: int, rows: np.ndarray) -> np.ndarray:
-        """For each candidate tile of `level`, the least time any level inside it can take."""
+    def _inner_floor(self, level: int, rows: np.ndarray, first: int = 0) -> np.ndarray:
+        """For each candidate tile of `level`, the least time any level in [first, level) inside it can take."""
         sp = self.space
         index = tuple(np.searchsorted(sp.candidates[x], rows[:, i]) for i, x in enumerate(sp.loops))
         worst = np.zeros(len(rows))
-        for j in range(level):
+        for j in range(first, level):
             table = self._floor_table(j)
             if table is not None:
                 worst = np.maximum(worst, table[index])
@@ -109,7 +118,12 @@ class _Search:
         # (Skipped until k plans are held: the first dive needs no bound, and when compute
         # bounds the time it is also the last.)
         guided = level > 0 and np.isfinite(self.best.worst_primary())
-        inner = self._inner_floor(level, rows)[None, :] if guided else 0.0
+        shares = registers_share_issue(sp.hardware)
+        inner = self._inner_floor(level, rows, first=1 if shares else 0)[None, :] if guided else 0.0
+        # Register loads issue with the FMAs: their least time under each child adds to compute.
+        registers = sp.register_floor
+        if guided and shares:
+            registers = np.maximum(registers, self._inner_floor(1, rows)[None, :]) if level > 0 else registers
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
@@ -118,7 +132,10 @@ class _Search:
             compute = np.stack([
                 np.broadcast_to(compute_seconds(sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles]),
                                 (len(rows),)) for order in sp.orders])
-        bound = np.maximum(compute, np.maximum(cmax, inner))
+        if level == 0 and shares:
+            bound = np.maximum(compute + secs, pmax)
+        else:
+            bound = np.maximum(compute + (registers if shares else 0.0), np.maximum(cmax, inner))
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())
         if len(keep) == 0:
@@ -150,6 +167,27 @@ class _Search:
 
 
 COARSE_SHARE = 0.25  # of the time limit, for the coarse pass that finds incumbents
+SEED_SHARE = 0.3  # of the time limit, for the pass around the best register tiles (SIMD CPUs)
+REGISTER_SEEDS = 16
+
+
+def _ladders(space: Space, seeds: np.ndarray) -> Space:
+    """The space around the seed register tiles: outer tiles are small multiples and
+    power-of-two multiples of a seed's tile (so they nest), or the whole extent."""
+    around = Space(space.workload, space.hardware, fine=False)
+    for i, x in enumerate(space.loops):
+        extent = space.workload.dims[x]
+        values = {extent}
+        for t in {int(v) for v in seeds[:, i]}:
+            values |= {t * j for j in range(1, LADDER + 1)} | {t << s for s in range(extent.bit_length())}
+            values |= {int(v) for v in space.candidates[x] if v % t == 0}
+        around.candidates[x] = np.array(sorted(v for v in values if v <= extent), dtype=np.int64)
+    if around.grid_size() > GRID_MAX:
+        return Space(space.workload, space.hardware, fine=False)
+    return around
+
+
+LADDER = 8  # small multiples of a seed tile offered to the outer levels
 
 
 @register("enumerate")
@@ -164,12 +202,18 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         return SolveResult("timeout", [], 0, f"{coarse.grid_size()} tile combinations per level is more than enumerate handles ({GRID_MAX})")
     if space.grid_size() > GRID_MAX:
         passes = [(coarse, deadline)]  # the fine grid is too large to hold: the best plan is only feasible
+    if registers_share_issue(space.hardware):
+        # SIMD CPUs: the micro-kernel's register tile matters most. Search the outer levels
+        # around the few best register tiles first; the full passes then start from those plans.
+        seeds = space.best_register_tiles(REGISTER_SEEDS)
+        if seeds is not None:
+            passes.insert(0, (_ladders(space, seeds), Deadline(deadline.left() * SEED_SHARE), seeds))
     status = "timeout"
-    for sp, limit in passes:
-        search = _Search(sp, limit, best)
+    for sp, limit, *seeds in passes:
+        search = _Search(sp, limit, best, *seeds)
         try:
             search.run()
-            status = "optimal" if sp is space else "feasible"  # optimal: exhaustive over the documented space
+            status = "optimal" if sp is space and not seeds else "feasible"  # optimal: exhaustive over the space
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import memory_usage
+from ..models.costmodel import level_usage
 from .registry import Candidate, Deadline, score
 from .space import Space
 
@@ -27,7 +27,7 @@ def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | 
             below = [v for v in legal[x] if v <= tiles[j][x]]
             tiles[j][x] = int(below[-1] if below else legal[x][0])
         cap = space.hardware.levels[j].capacity_bytes
-        while memory_usage(w, tiles[j]) > cap:
+        while level_usage(w, space.hardware, j, tiles[j]) > cap:
             x = max(loops, key=lambda y: tiles[j][y] / smallest[y])
             if tiles[j][x] == smallest[x]:
                 return None
@@ -43,7 +43,8 @@ def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
-        memory_usage(space.workload, tiles[j]) / lv.capacity_bytes for j, lv in enumerate(space.hardware.levels)
+        level_usage(space.workload, space.hardware, j, tiles[j]) / lv.capacity_bytes
+        for j, lv in enumerate(space.hardware.levels)
     )
 
 

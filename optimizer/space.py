@@ -26,7 +26,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.costmodel import check_order, memory_usage
+from ..models.costmodel import (
+    check_order, compute_seconds, level_usage, memory_usage, register_weights, registers_share_issue, single_level_bound,
+)
 from ..models.hardware import Hardware
 from ..models.workload import Workload
 
@@ -96,6 +98,29 @@ def order_classes(workload: Workload, key=order_signature) -> list[tuple[str, ..
     return reps
 
 
+# A plan within this fraction of the lower bound is reported optimal (a MIP-style gap):
+# on SIMD CPUs the bound adds the best register-load time any tile allows, which real
+# plans approach but rarely meet exactly.
+OPTIMALITY_GAP = 0.01
+FITTING_LIMIT = 2_000_000  # rows fitting_tiles may hold
+
+
+def fitting_tiles(workload: Workload, candidates: dict, smallest: dict, capacity: float, hardware: Hardware) -> dict | None:
+    """Every combination of candidate tiles whose register usage fits `capacity`, as column arrays;
+    None past FITTING_LIMIT. Built loop by loop, dropping partial rows that cannot fit
+    even with the smallest tiles for the loops still open (MU grows with every tile)."""
+    loops = list(workload.dims)
+    rows = np.zeros((1, 0), dtype=np.int64)
+    for i, x in enumerate(loops):
+        c = candidates[x]
+        rows = np.concatenate([np.repeat(rows, len(c), axis=0), np.tile(c, len(rows))[:, None]], axis=1)
+        tile = {y: rows[:, k] for k, y in enumerate(loops[: i + 1])} | {y: smallest[y] for y in loops[i + 1:]}
+        rows = rows[level_usage(workload, hardware, 0, tile) <= capacity]
+        if len(rows) * max(1, len(candidates[loops[i + 1]]) if i + 1 < len(loops) else 1) > FITTING_LIMIT:
+            return None
+    return {x: rows[:, k] for k, x in enumerate(loops)}
+
+
 def vector_loops(workload: Workload) -> set[str]:
     """Loops indexing some output's last dimension: the backend vectorises them."""
     return {workload.tensors[op.output].dims[-1] for op in workload.ops}
@@ -114,6 +139,7 @@ class Space:
     compute_seconds: float = field(init=False)
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
+    register_floor: float = field(init=False)
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
@@ -127,11 +153,51 @@ class Space:
         ) * w.elem_bytes
         lanes = hw.vector_bytes // w.elem_bytes if hw.vector_bytes else 1
         self.lanes = {x: lanes if x in vector_loops(w) else 1 for x in self.loops}
-        self.lower_bound = max([self.compute_seconds] + [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels])
+        links = [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels]
+        self.register_floor = 0.0
+        if registers_share_issue(hw):
+            # Register loads issue with the FMAs: compute + the least register time any tile allows.
+            self.register_floor = self._register_floor()
+            links = links[1:]
+        self.lower_bound = max([self.compute_seconds + self.register_floor] + links)
+
+    def _register_times(self):
+        """Register tiles that fit, and for each the least register-load time it allows (seconds)."""
+        w, lv = self.workload, self.hardware.levels[0]
+        weights = register_weights(w, self.hardware)
+        rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x])] for x, c in self.candidates.items()},
+                             self.smallest_tiles(), lv.capacity_bytes, self.hardware)
+        if rows is None:
+            return None, None
+        return rows, np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape) / lv.bandwidth_bytes_per_s
+
+    def _register_floor(self) -> float:
+        """min over register tiles that fit of the register level's single-level bound, in seconds."""
+        rows, times = self._register_times()
+        return float(np.min(times)) if times is not None and times.size else 0.0
+
+    def best_register_tiles(self, n: int) -> np.ndarray | None:
+        """The n register tiles (rows in `loops` order) with the least compute plus register-load
+        floor: where a search on SIMD CPUs looks first."""
+        rows, times = self._register_times()
+        if rows is None or not times.size:
+            return None
+        score = times + compute_seconds(self.workload, self.hardware, None, [rows])
+        # Reduction tiles barely change the register model: keep the smallest of each output tile.
+        outputs = sorted({x for op in self.workload.ops for x in self.workload.tensors[op.output].dims})
+        keep, seen = [], set()
+        for i in np.lexsort([rows[x] for x in reversed(self.loops)] + [score]):
+            key = tuple(int(rows[x][i]) for x in outputs)
+            if key not in seen:
+                seen.add(key)
+                keep.append(i)
+            if len(keep) == n:
+                break
+        return np.stack([rows[x][keep] for x in self.loops], axis=1)
 
     def meets_lower_bound(self, seconds: float) -> bool:
-        """True when a plan this fast cannot be beaten by any plan (up to rounding)."""
-        return seconds <= self.lower_bound * (1 + 1e-12)
+        """True when no plan can be more than OPTIMALITY_GAP faster than `seconds`."""
+        return seconds <= self.lower_bound * (1 + OPTIMALITY_GAP)
 
     def grid_size(self) -> int:
         """Number of tile combinations per level."""
@@ -148,6 +214,10 @@ class Space:
     def min_footprint(self) -> float:
         """MU with the smallest tiles: below this no level can hold a plan."""
         return float(memory_usage(self.workload, self.smallest_tiles()))
+
+    def level_footprint(self, level: int) -> float:
+        """Usage of `level` with the smallest tiles."""
+        return float(level_usage(self.workload, self.hardware, level, self.smallest_tiles()))
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int) -> np.ndarray:
         """Which tiles of loop x nest in the parent tile and suit its vector lanes (see module docstring)."""

@@ -20,13 +20,20 @@ class InfeasibleError(ValueError):
 
 
 def check_capacities(space: Space) -> None:
-    need = space.min_footprint()
-    for lv in space.hardware.levels:
+    for j, lv in enumerate(space.hardware.levels):
+        need = space.level_footprint(j)
         if lv.capacity_bytes < need:
             raise InfeasibleError(
                 f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
-                f"(every tile 1) needs {need:.0f} bytes"
+                f"({_smallest(space)}) needs {need:.0f} bytes"
             )
+
+
+def _smallest(space: Space) -> str:
+    tiles = space.smallest_tiles()
+    if all(v == 1 for v in tiles.values()):
+        return "every tile 1"
+    return "tiles " + ", ".join(f"{x}={v}" for x, v in tiles.items())
 
 
 def tune(
