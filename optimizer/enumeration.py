@@ -50,6 +50,13 @@ class _Search:
         self.rows[0] = grid[self.register_mu <= space.hardware.levels[0].capacity_bytes]
         if register_rows is not None:
             self.rows[0] = register_rows
+            # Outer tiles must leave room for some seed to nest (divisibility is transitive).
+            for j in range(1, len(self.rows)):
+                rows = self.rows[j]
+                ok = np.zeros(len(rows), dtype=bool)
+                for seed in register_rows:
+                    ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i]) for i, x in enumerate(space.loops)])
+                self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = {}
         self.evaluated = 0
 
@@ -171,23 +178,53 @@ SEED_SHARE = 0.3  # of the time limit, for the pass around the best register til
 REGISTER_SEEDS = 16
 
 
-def _ladders(space: Space, seeds: np.ndarray) -> Space:
-    """The space around the seed register tiles: outer tiles are small multiples and
-    power-of-two multiples of a seed's tile (so they nest), or the whole extent."""
+def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
+    """The space around the seed register tiles: outer tiles are small multiples,
+    power-of-two multiples and divisors-of-the-extent multiples of a seed's tile (so
+    they nest), or the whole extent. Seeds are taken best first while the grid stays
+    within LADDER_GRID; returns the space and the seeds it serves."""
     around = Space(space.workload, space.hardware, fine=False)
-    for i, x in enumerate(space.loops):
-        extent = space.workload.dims[x]
-        values = {extent}
-        for t in {int(v) for v in seeds[:, i]}:
-            values |= {t * j for j in range(1, LADDER + 1)} | {t << s for s in range(extent.bit_length())}
-            values |= {int(v) for v in space.candidates[x] if v % t == 0}
-        around.candidates[x] = np.array(sorted(v for v in values if v <= extent), dtype=np.int64)
-    if around.grid_size() > GRID_MAX:
-        return Space(space.workload, space.hardware, fine=False)
-    return around
+    values = {x: {e} for x, e in space.workload.dims.items()}
+    used = 0
+    for seed in seeds:
+        grown = {x: set(v) for x, v in values.items()}
+        for i, x in enumerate(space.loops):
+            extent, t = space.workload.dims[x], int(seed[i])
+            grown[x] |= {t * j for j in range(1, LADDER + 1)} | {t << s for s in range(extent.bit_length())}
+            grown[x] |= {d for d in range(t, extent + 1, t) if extent % d == 0}  # divisors the seed divides
+            grown[x] = {v for v in grown[x] if v <= extent}
+        if used and np.prod([len(v) for v in grown.values()], dtype=np.float64) > LADDER_GRID:
+            break
+        values, used = grown, used + 1
+    for x in space.loops:
+        around.candidates[x] = np.array(sorted(values[x]), dtype=np.int64)
+    return around, seeds[:used]
 
 
 LADDER = 8  # small multiples of a seed tile offered to the outer levels
+LADDER_GRID = 40_000  # tile combinations per level the seeded search holds
+
+
+def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
+    """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`).
+
+    `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
+    `feasible` when that smaller space was searched to the end, else `timeout`.
+    """
+    seeds = space.best_register_tiles(REGISTER_SEEDS)
+    best = TopK(max(top, 1))
+    if seeds is None:
+        return SolveResult("timeout", [], 0, "too many register tiles to rank")
+    around, seeds = _ladders(space, seeds)
+    search = _Search(around, deadline, best, seeds)
+    try:
+        search.run()
+        status = "feasible"
+    except _Timeout:
+        status = "timeout"
+    if best.items and space.meets_lower_bound(best.items[0].key[0]):
+        status = "optimal"
+    return SolveResult(status, best.items, search.evaluated)
 
 
 @register("enumerate")
@@ -207,7 +244,8 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         # around the few best register tiles first; the full passes then start from those plans.
         seeds = space.best_register_tiles(REGISTER_SEEDS)
         if seeds is not None:
-            passes.insert(0, (_ladders(space, seeds), Deadline(deadline.left() * SEED_SHARE), seeds))
+            passes.insert(0, (*_ladders(space, seeds), ))
+            passes[0] = (passes[0][0], Deadline(deadline.left() * SEED_SHARE), passes[0][1])
     status = "timeout"
     for sp, limit, *seeds in passes:
         search = _Search(sp, limit, best, *seeds)
