@@ -316,12 +316,26 @@ def parallel_loops(workload: Workload, orders: Orders, tiles: Tiles, cores: int)
     return result + [(pick, trips)]
 
 
+def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
+    """The extents the backend computes over: each loop rounded up to a multiple of its
+    largest tile smaller than the extent (padding computes on zeros, so it costs flops)."""
+    padded = {}
+    for x, extent in workload.dims.items():
+        below = 0
+        for t in tiles:
+            t = np.asarray(t[x], dtype=np.float64)
+            below = np.maximum(below, np.where(t < extent, t, 0))
+        padded[x] = np.where(below > 0, np.ceil(extent / np.maximum(below, 1)) * below, float(extent))
+    return padded
+
+
 def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
                     tiles: Tiles | None = None) -> np.ndarray:
     """Time of the arithmetic alone: peak, unless the plan keeps the cores from it.
 
     Without a plan, or on hardware without SIMD registers and one core, that is
-    flops / peak. With SIMD registers (`vector_bytes`), each op's register tile
+    flops / peak. Loops padded to a multiple of a tile (padded_extents) add flops.
+    With SIMD registers (`vector_bytes`), each op's register tile
     of its output keeps `prod(tile) / lanes` accumulator vectors in flight;
     below FMA_CHAINS the FMA latency, not the pipes, sets the pace, and the op
     runs at that fraction of peak. With several cores, the parallel loop's trips
@@ -331,8 +345,11 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
         return np.asarray(workload.flops / hardware.peak_flops)
     total = 0.0
     parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
+    padded = padded_extents(workload, tiles)
     for i, op in enumerate(workload.ops):
-        points = float(np.prod([workload.dims[x] for x in op.loops], dtype=np.float64))
+        points = 1.0
+        for x in op.loops:
+            points = points * padded[x]
         seconds = 2.0 * points / hardware.peak_flops
         if hardware.vector_bytes:
             lanes = hardware.vector_bytes // workload.elem_bytes
