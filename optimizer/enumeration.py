@@ -202,7 +202,7 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
 
 
 LADDER = 8  # small multiples of a seed tile offered to the outer levels
-LADDER_GRID = 40_000  # tile combinations per level the seeded search holds
+LADDER_GRID = 100_000  # tile combinations per level the seeded search holds
 
 
 def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
