@@ -118,8 +118,8 @@ def _parallelize(sch, workload, plan, hardware, nests: _Nests):
         return None
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
     chosen = None
-    for op, (index, trips) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
-        if int(index) >= 0 and int(trips) >= 2:
+    for op, (index, count) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
+        if int(index) >= 0 and int(count) >= 2:
             position = parallel_candidates(workload, orders, op)[int(index)]
             sch.parallel(nests.get(op, position))
             chosen = chosen or position

@@ -78,7 +78,7 @@ def unfused_gflops(chain, hw, time_limit):
 
 
 def kernel_rows(workloads, hw, time_limit):
-    from cachetile import builtin, tune
+    from cachetile import tune
     from cachetile.backends.measure import measure
 
     rows = []
@@ -132,9 +132,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
 
 def random_plan(space, rng):
     """A random plan the backend can emit: nested legal tiles that fit, random orders."""
-    import numpy as np
-
-    from cachetile.models.costmodel import memory_usage
+    from cachetile.models.costmodel import level_usage
 
     w, n = space.workload, space.n_levels
     for _ in range(10_000):
@@ -145,7 +143,7 @@ def random_plan(space, rng):
                 c = space.candidates[x]
                 ok = c[space.legal(x, c, parent[x])]
                 t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
-            if memory_usage(w, t) > space.hardware.levels[j].capacity_bytes:
+            if level_usage(w, space.hardware, j, t) > space.hardware.levels[j].capacity_bytes:
                 break
             tiles[j], parent = t, t
         else:
