@@ -11,18 +11,22 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+# Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
+MAX_CAPACITY = 2**62
+
+
 class Level(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    capacity_bytes: int = Field(gt=0)
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    capacity_bytes: int = Field(gt=0, le=MAX_CAPACITY)
+    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
     levels: list[Level] = Field(min_length=1, description="innermost first")
-    peak_flops: float = Field(gt=0)
+    peak_flops: float = Field(gt=0, allow_inf_nan=False)
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 
     @model_validator(mode="after")
