@@ -14,6 +14,11 @@ from .pool import ProcessPool
 from .request import PlanRequest
 
 
+def hard_limit(time_limit: float) -> float:
+    """When a solve's process is killed: its time limit, plus room for setting up and polishing."""
+    return 2 * time_limit + 10
+
+
 class PlanService:
     def __init__(self, cache: PlanCache, pool: ProcessPool):
         self.cache, self.pool = cache, pool
@@ -47,5 +52,5 @@ class PlanService:
             done.exception()  # retrieved here, so an error nobody waited for is not logged as lost
 
     async def _solve(self, key: str, request: PlanRequest) -> str:
-        doc = await self.pool.run(worker.plan_document, request)
+        doc = await self.pool.run(worker.plan_document, request, timeout=hard_limit(request.time_limit))
         return await asyncio.to_thread(self.cache.put, key, doc)

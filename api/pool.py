@@ -19,7 +19,7 @@ PRELOAD = ["cachetile.api.worker"]
 
 
 class WorkerError(Exception):
-    """The work raised: `kind` is invalid, infeasible, no-plan, too-large, unavailable, mismatch or internal."""
+    """The work failed: `kind` is invalid, infeasible, no-plan, too-large, unavailable, mismatch, timeout or internal."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
@@ -74,34 +74,43 @@ class ProcessPool:
         # One thread per slot waits on its child's pipe; the event loop never does.
         self._threads = ThreadPoolExecutor(size, thread_name_prefix="pool")
 
-    async def run(self, fn: Callable, *args: Any, progress: Progress | None = None) -> Any:
-        """Run fn(*args, progress=...) in a child; raises WorkerError with the child's one-line error."""
+    async def run(self, fn: Callable, *args: Any, progress: Progress | None = None, timeout: float | None = None) -> Any:
+        """Run fn(*args, progress=...) in a child; raises WorkerError with the child's one-line error.
+
+        A child still running `timeout` seconds after it started is killed (WorkerError kind "timeout").
+        """
         if self._slots is None:
             self._slots = asyncio.Semaphore(self.size)
-        loop = asyncio.get_running_loop()
         async with self._slots:
-            receiver, sender = self._ctx.Pipe(duplex=False)
-            proc = self._ctx.Process(target=_child, args=(sender, fn, args), daemon=True)
-            proc.start()
-            sender.close()
             try:
-                while True:
-                    message = await loop.run_in_executor(self._threads, _receive, receiver)
-                    if message[0] == "progress":
-                        if progress:
-                            progress(message[1], message[2])
-                    elif message[0] == "ok":
-                        return message[1]
-                    elif message[0] == "error":
-                        raise WorkerError(message[1], message[2])
-                    else:
-                        proc.join(1)
-                        raise WorkerError("internal", f"worker process died (exit status {proc.exitcode})")
-            finally:
-                if proc.is_alive():
-                    proc.kill()  # cancelled, or done: either way the child has nothing left to say
-                proc.join()
-                receiver.close()
+                return await asyncio.wait_for(self._run(fn, args, progress), timeout)
+            except asyncio.TimeoutError:
+                raise WorkerError("timeout", f"the worker did not finish within {timeout:g} s and was stopped") from None
+
+    async def _run(self, fn: Callable, args: tuple, progress: Progress | None) -> Any:
+        loop = asyncio.get_running_loop()
+        receiver, sender = self._ctx.Pipe(duplex=False)
+        proc = self._ctx.Process(target=_child, args=(sender, fn, args), daemon=True)
+        proc.start()
+        sender.close()
+        try:
+            while True:
+                message = await loop.run_in_executor(self._threads, _receive, receiver)
+                if message[0] == "progress":
+                    if progress:
+                        progress(message[1], message[2])
+                elif message[0] == "ok":
+                    return message[1]
+                elif message[0] == "error":
+                    raise WorkerError(message[1], message[2])
+                else:
+                    proc.join(1)
+                    raise WorkerError("internal", f"worker process died (exit status {proc.exitcode})")
+        finally:
+            if proc.is_alive():
+                proc.kill()  # cancelled, timed out or done: either way the child has nothing left to say
+            proc.join()
+            receiver.close()
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)

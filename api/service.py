@@ -17,6 +17,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
 from pydantic import BaseModel, Field
 
 from ..models.hardware import PRESETS, Hardware, preset
@@ -89,11 +90,20 @@ def create_app(settings: Settings) -> FastAPI:
     async def invalid_body(request: Request, exc: RequestValidationError):
         return _error(422, describe(exc.errors()), exc.errors())
 
-    def check_time_limit(req: PlanRequest) -> JSONResponse | None:
-        if req.time_limit > settings.max_time_limit:
-            msg = f"{req.time_limit:g} s exceeds this server's limit of {settings.max_time_limit:g} s"
-            return _error(422, f"body.time_limit: {msg}", [{"loc": ["body", "time_limit"], "msg": msg}])
-        return None
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException):
+        if exc.status_code == 400:  # FastAPI's word for a body that is not even text: invalid like any other
+            return _error(422, f"body: {exc.detail}", [{"loc": ["body"], "msg": str(exc.detail)}])
+        return _error(exc.status_code, str(exc.detail))
+
+    def within_limit(req: PlanRequest) -> PlanRequest | JSONResponse:
+        """The request, its default time limit lowered to the server's; or a 422 if it asks for more."""
+        if req.time_limit <= settings.max_time_limit:
+            return req
+        if "time_limit" not in req.model_fields_set:
+            return req.model_copy(update={"time_limit": settings.max_time_limit})
+        msg = f"{req.time_limit:g} s exceeds this server's limit of {settings.max_time_limit:g} s"
+        return _error(422, f"body.time_limit: {msg}", [{"loc": ["body", "time_limit"], "msg": msg}])
 
     @app.get("/healthz", response_model=Health)
     async def healthz():
@@ -114,9 +124,9 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/plans", response_model=TuneResult, responses=ERRORS)
     async def make_plans(req: PlanRequest):
         """The document `tune --json` prints for the same request; cached (header X-Cache: hit or miss)."""
-        too_long = check_time_limit(req)
-        if too_long:
-            return too_long
+        req = within_limit(req)
+        if isinstance(req, JSONResponse):
+            return req
         try:
             doc, hit = await plans.get(req)
         except WorkerError as exc:
@@ -126,9 +136,9 @@ def create_app(settings: Settings) -> FastAPI:
     @app.post("/v1/jobs", response_model=Job, status_code=202, responses=ERRORS)
     async def submit_job(req: JobRequest, response: Response):
         """Plan, then (unless measure is false) build and time each plan; poll GET /v1/jobs/{id}."""
-        too_long = check_time_limit(req)
-        if too_long:
-            return too_long
+        req = within_limit(req)
+        if isinstance(req, JSONResponse):
+            return req
         job = jobs.submit(req)
         response.headers["Location"] = f"/v1/jobs/{job.id}"
         return job

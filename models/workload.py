@@ -13,7 +13,6 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
 Role = Literal["input", "output", "intermediate"]
-Kind = Literal["gemm", "batch-gemm", "gemm-chain"]
 # Kernels index with 32-bit integers; larger extents would also make the tile
 # candidate sets (which grow with sqrt(extent)) too large to search.
 MAX_EXTENT = 2**31 - 1
@@ -135,15 +134,6 @@ class Workload(BaseModel):
     def io_tensors(self, op: Op) -> list[str]:
         """The op's tensors that move between levels (intermediates stay on chip)."""
         return [t for t in [*op.inputs, op.output] if self.tensors[t].role != "intermediate"]
-
-
-class BuiltinSpec(BaseModel):
-    """The short form of a built-in workload, as `tune workload` and the service accept it."""
-
-    model_config = ConfigDict(extra="forbid")
-    kind: Kind
-    dims: dict[str, int] = Field(description="loop extents: m, n, k (gemm); m, l, k, n (gemm-chain); b adds a batch loop")
-    dtype: Dtype = "float32"
 
 
 def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:

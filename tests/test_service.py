@@ -23,6 +23,11 @@ SLOW_HW = {"name": "slow", "peak_flops": 1e20, "levels": [
     {"name": "L2", "capacity_bytes": 2097152, "bandwidth_bytes_per_s": 1e12},
     {"name": "L3", "capacity_bytes": 503316480, "bandwidth_bytes_per_s": 1e12},
 ]}
+FULL = {
+    "dims": {"m": 4, "n": 4, "k": 4},
+    "tensors": {"A": {"dims": ["m", "k"]}, "B": {"dims": ["k", "n"]}, "C": {"dims": ["m", "n"]}},
+    "ops": [{"name": "g", "loops": ["m", "n", "k"], "inputs": ["A", "B"], "output": "C"}],
+}
 SLOW = {"workload": {"kind": "gemm-chain", "dims": {"m": 512, "k": 64, "l": 512, "n": 64}}, "hardware": SLOW_HW,
         "time_limit": 4, "top": 0}
 
@@ -80,12 +85,18 @@ def test_cache_survives_a_restart(tmp_path):
     ({**GEMM, "solver": "magic"}, "body.solver: Input should be 'auto', 'enumerate', 'pyomo-ipopt' or 'pyomo-scip'"),
     ({**GEMM, "hardware": "tpu"}, "body.hardware: unknown hardware 'tpu'; expected one of host, h100, a100, v100"),
     ({**GEMM, "hardware": "/etc/passwd"}, "body.hardware: unknown hardware '/etc/passwd'"),
-    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": 4, "n": 4}}}, "body.workload: gemm needs extents for ['k']"),
-    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": 0, "n": 4, "k": 4}}}, "body.workload: dims: loop 'm' has extent 0"),
+    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": 4, "n": 4}}}, "body.workload: gemm.dims.k: Field required"),
+    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": 0, "n": 4, "k": 4}}}, "body.workload: gemm.dims.m: Input should be greater than or equal to 1"),
+    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": "4", "n": 4, "k": 4}}}, "body.workload: gemm.dims.m: Input should be a valid integer"),
+    ({**GEMM, "workload": {**FULL, "dims": {"m": 4, "n": 4, "k": 0}}}, "body.workload: dims: loop 'k' has extent 0; extents must be >= 1"),
+    ({**GEMM, "workload": {**FULL, "ops": FULL["ops"] * 2}}, "body.workload: op outputs must be unique, got ['C', 'C']"),
+    ({**GEMM, "top": "3"}, "body.top: Input should be a valid integer"),
     ({**GEMM, "time_limit": 0}, "body.time_limit: Input should be greater than 0"),
     ({**GEMM, "time_limit": 30}, "body.time_limit: 30 s exceeds this server's limit of 20 s"),
     ({**GEMM, "colour": "red"}, "body.colour: Extra inputs are not permitted"),
     ({"hardware": "v100"}, "body.workload: Field required"),
+    ({**GEMM, "hardware": {"name": "x", "levels": [], "peak_flops": 1}},
+     "body.hardware: levels: List should have at least 1 item after validation, not 0"),
 ])
 def test_invalid_body_is_422_naming_the_field(server, body, field):
     r = httpx.post(f"{server}/v1/plans", json=body, timeout=30)
@@ -156,7 +167,7 @@ def test_cancel_kills_the_solve(server):
 
 def test_job_errors_are_reported(server):
     r = httpx.post(f"{server}/v1/jobs", json={**GEMM, "measure": False, "workload": {"kind": "gemm", "dims": {"m": 4, "n": 4}}})
-    assert r.status_code == 422 and r.json()["detail"].startswith("body.workload: gemm needs extents for ['k']")
+    assert r.status_code == 422 and r.json()["detail"].startswith("body.workload: gemm.dims.k: Field required")
     big = {**GEMM, "workload": {"kind": "gemm", "dims": {"m": 20000, "n": 20000, "k": 20000}}}
     r = httpx.post(f"{server}/v1/jobs", json=big)
     assert r.status_code == 422 and "measuring needs 4800000000 bytes of tensors" in r.json()["detail"]
