@@ -25,13 +25,18 @@ class PlanCache:
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self._db() as db:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL)")
+        self._created = False  # the file is made on first use, not when the app is built
 
     @contextmanager
     def _db(self) -> Iterator[sqlite3.Connection]:
+        if not self._created:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            with sqlite3.connect(self.path, timeout=30) as db:  # both statements are idempotent under races
+                db.execute("PRAGMA journal_mode=WAL")
+                db.execute("CREATE TABLE IF NOT EXISTS plans "
+                           "(key TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL)")
+            db.close()
+            self._created = True
         db = sqlite3.connect(self.path, timeout=30)
         try:
             with db:  # one transaction, committed on success

@@ -86,3 +86,48 @@ def test_bad_level_and_capacity():
         pareto(w, hw, "L9")
     with pytest.raises(InfeasibleError, match="holds 8 bytes but the smallest tiling"):
         pareto(w, hw, "R", capacities=[8, 64])
+
+
+def test_tune_pareto_command_prints_the_same_front(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    hw = {"name": "two", "peak_flops": 1e30, "levels": [
+        {"name": "R", "capacity_bytes": 64, "bandwidth_bytes_per_s": 4e11},
+        {"name": "L1", "capacity_bytes": 1024, "bandwidth_bytes_per_s": 1e11}]}
+    path = tmp_path / "hw.json"
+    path.write_text(json.dumps(hw))
+    tune = [sys.executable, "-m", "cachetile.api.cli", "pareto", "gemm", "--M", "8", "--N", "8", "--K", "8",
+            "--hardware", str(path), "--solver", "enumerate"]
+    proc = subprocess.run([*tune, "--level", "R", "--capacities", "12,40,64", "--json"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    (doc,) = json.loads(proc.stdout)  # one document: a list with one front per level asked for
+    w = builtin("gemm", {"m": 8, "n": 8, "k": 8})
+    mu, dv = brute_force_curve(w)  # R is innermost, but with L1 free to reorder above it DV_R can only drop
+    expected = pareto(w, memory_bound([(lv["name"], lv["capacity_bytes"], lv["bandwidth_bytes_per_s"]) for lv in hw["levels"]]),
+                      "R", capacities=[12, 40, 64], solver="enumerate")
+    assert doc["level"] == "R"
+    assert [p["dv_bytes"] for p in doc["points"]] == [p.dv_bytes for p in expected.points]
+    assert all(p["dv_bytes"] <= float(dv[mu <= p["capacity_bytes"]].min()) for p in doc["points"])
+    table = subprocess.run([*tune, "--points", "3"], capture_output=True, text=True, timeout=120).stdout
+    assert table.count("least DV for each capacity") == 2 and "* " in table
+    bad = subprocess.run([*tune, "--level", "L9"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and bad.stderr.strip() == "tune: error: unknown level 'L9'; expected one of R, L1 or an index below 2"
+
+
+def test_progress_bar_draws_fraction_and_message():
+    import io
+
+    from cachetile.api.progress import progress_bar, scaled
+
+    out = io.StringIO()
+    with progress_bar("pareto", file=out, enabled=True) as bar:
+        half = scaled(bar, 0.5, 1.0)
+        half(0.5, "L1 capacity 64 B")
+    assert "75%" in out.getvalue() and "L1 capacity 64 B" in out.getvalue()
+    quiet = io.StringIO()  # not a terminal: nothing drawn unless asked
+    with progress_bar("pareto", file=quiet) as bar:
+        bar(0.5, "x")
+    assert quiet.getvalue() == ""
