@@ -101,7 +101,8 @@ def load(url: str, requests: int, distinct: int, seed: int = 0, timeout_s: float
         "distinct": distinct,
         "errors": len(errors),
         "first_error": errors[0][:2] if errors else None,
-        "answers_per_body": {i: len(t) for i, t in texts.items()},
+        "bodies": len(texts),
+        "identical": all(len(t) == 1 for t in texts.values()),  # every body always got the same bytes
         "p50_s": statistics.median(latencies),
         "p99_s": latencies[max(0, round(0.99 * len(latencies)) - 1)],
         "max_s": latencies[-1],

@@ -99,7 +99,7 @@ def test_tune_pareto_command_prints_the_same_front(tmp_path):
     path = tmp_path / "hw.json"
     path.write_text(json.dumps(hw))
     tune = [sys.executable, "-m", "cachetile.api.cli", "pareto", "gemm", "--M", "8", "--N", "8", "--K", "8",
-            "--hardware", str(path), "--solver", "enumerate"]
+            "--hardware", str(path), "--solver", "enumerate", "--time-limit", "2"]
     proc = subprocess.run([*tune, "--level", "R", "--capacities", "12,40,64", "--json"], capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
