@@ -10,6 +10,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from service_load import load, plan_bodies, running_server  # noqa: E402
+from test_cli import FULL  # noqa: E402  (the full-form gemm the CLI tests use)
 
 from cachetile.api.cli import build_parser  # noqa: E402
 from cachetile.api.service import Settings, create_app  # noqa: E402
@@ -23,11 +24,6 @@ SLOW_HW = {"name": "slow", "peak_flops": 1e20, "levels": [
     {"name": "L2", "capacity_bytes": 2097152, "bandwidth_bytes_per_s": 1e12},
     {"name": "L3", "capacity_bytes": 503316480, "bandwidth_bytes_per_s": 1e12},
 ]}
-FULL = {
-    "dims": {"m": 4, "n": 4, "k": 4},
-    "tensors": {"A": {"dims": ["m", "k"]}, "B": {"dims": ["k", "n"]}, "C": {"dims": ["m", "n"]}},
-    "ops": [{"name": "g", "loops": ["m", "n", "k"], "inputs": ["A", "B"], "output": "C"}],
-}
 SLOW = {"workload": {"kind": "gemm-chain", "dims": {"m": 512, "k": 64, "l": 512, "n": 64}}, "hardware": SLOW_HW,
         "time_limit": 4, "top": 0}
 
