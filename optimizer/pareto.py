@@ -18,6 +18,7 @@ from ..models.costmodel import memory_usage
 from ..models.hardware import Hardware
 from ..models.plan import Plan, Status, make_plan
 from ..models.workload import Workload
+from .space import Space
 from .tune import tune
 
 Progress = Callable[[float, str], None]
@@ -69,6 +70,8 @@ def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
 def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
     """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
 
+    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint).
+
     The most is the MU of the whole problem, or the next level out's capacity
     if smaller (inner tiles never exceed outer ones). The level's own capacity
     is added when it lies in that range, so the design point is on the curve.
@@ -76,7 +79,7 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
     if points < 2:
         raise ValueError(f"a sweep needs at least 2 points, got {points}")
     i = level_index(hardware, level)
-    lo = float(memory_usage(workload, {x: 1 for x in workload.dims}))
+    lo = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
     hi = float(memory_usage(workload, workload.dims))
     if i + 1 < len(hardware.levels):
         hi = min(hi, hardware.levels[i + 1].capacity_bytes)
