@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 # Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
 MAX_CAPACITY = 2**62
+# Real hierarchies have at most five; past about ten, enumerate's costing between deadline checks
+# grows so fast that a 1 s limit overran by a minute at 15 levels.
+MAX_LEVELS = 8
 
 
 class Level(BaseModel):
@@ -25,7 +28,7 @@ class Level(BaseModel):
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    levels: list[Level] = Field(min_length=1, description="innermost first")
+    levels: list[Level] = Field(min_length=1, max_length=MAX_LEVELS, description="innermost first")
     peak_flops: float = Field(gt=0, allow_inf_nan=False)
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 

@@ -93,6 +93,9 @@ def test_cache_survives_a_restart(tmp_path):
     ({"hardware": "v100"}, "body.workload: Field required"),
     ({**GEMM, "hardware": {"name": "x", "levels": [], "peak_flops": 1}},
      "body.hardware: levels: List should have at least 1 item after validation, not 0"),
+    ({**GEMM, "hardware": {"name": "x", "peak_flops": 1, "levels": [
+        {"name": f"L{i}", "capacity_bytes": 2**(4 + i), "bandwidth_bytes_per_s": 1} for i in range(9)]}},
+     "body.hardware: levels: List should have at most 8 items after validation, not 9"),
 ])
 def test_invalid_body_is_422_naming_the_field(server, body, field):
     r = httpx.post(f"{server}/v1/plans", json=body, timeout=30)
