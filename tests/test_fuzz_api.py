@@ -3,6 +3,7 @@
 Runs against a real uvicorn server on loopback whose time limit per solve is
 capped at 1 s, so generated problems of any size answer quickly.
 """
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -16,7 +17,8 @@ from schemathesis.checks import positive_data_acceptance
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from service_load import running_server  # noqa: E402
 
-EXAMPLES = 100  # per operation and generation mode
+# Per operation and generation mode; raise it for a deeper run than CI's.
+EXAMPLES = int(os.environ.get("CACHETILE_FUZZ_EXAMPLES", "100"))
 STATUSES: Counter = Counter()
 
 
