@@ -114,7 +114,7 @@ def _hardware(value: Any) -> Hardware:
 
 WorkloadSpec = Annotated[Workload, PlainValidator(_workload, json_schema_input_type=Gemm | BatchGemm | GemmChain | Workload)]
 HardwareSpec = Annotated[Hardware, PlainValidator(_hardware, json_schema_input_type=Literal[PRESETS] | Hardware)]
-SolverName = Literal[tuple(SOLVERS)]
+SolverName = Literal[tuple(sorted(SOLVERS))]  # sorted: the schema must not depend on import order
 
 
 class PlanRequest(BaseModel):
