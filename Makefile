@@ -4,8 +4,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# Notebooks are kept as jupytext py:percent files and executed as .ipynb under pytest --nbmake.
+NOTEBOOKS := $(patsubst notebooks/%.py,build/notebooks/%.ipynb,$(wildcard notebooks/*.py))
 
-.PHONY: install run test bench clean
+.PHONY: install run serve test notebooks openapi lock bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,11 +19,34 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/tune gemm-chain --M 256
 
-test: $(STAMP)
-	$(BIN)/python -m pytest
+serve: $(STAMP)
+	$(BIN)/tune serve
+
+build/notebooks/%.ipynb: notebooks/%.py $(STAMP)
+	mkdir -p build/notebooks
+	$(BIN)/jupytext --quiet --to ipynb --output $@ $<
+
+test: $(STAMP) $(NOTEBOOKS)
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) --nbmake
+
+notebooks: $(STAMP) $(NOTEBOOKS)
+	$(BIN)/python -m pytest $(NOTEBOOKS) --nbmake
+
+# After changing the service's routes or models: the committed schema the tests compare with.
+openapi: $(STAMP)
+	$(BIN)/tune serve --openapi > api/openapi.json
+
+# The pinned runtime dependencies that scripts/install.sh (and so the Dockerfile) installs.
+lock:
+	rm -rf build/lockenv
+	$(PY) -m venv build/lockenv
+	build/lockenv/bin/pip install --quiet --disable-pip-version-check .
+	(echo "# Runtime dependencies of the service image, pinned (Python 3.11). Regenerate with: make lock"; \
+	 build/lockenv/bin/pip freeze --exclude cachetile) > requirements.lock
 
 bench: $(STAMP)
 	$(BIN)/python bench/solve_times.py
+	$(BIN)/python bench/service_load.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info

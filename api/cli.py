@@ -5,6 +5,9 @@
     tune batch-gemm --batch 8 --M 256 --N 256 --K 256
     tune workload FILE.json
     tune hardware [NAME|FILE.json]
+    tune gemm ... [--target llvm] [--export DIR] [--measure]   (build the plan's kernel)
+    tune pareto [--level NAME] gemm-chain --M 256 ...   (any workload command above)
+    tune serve [--host 127.0.0.1] [--port 8000]
 
 Bad input prints one line, `tune: error: ...`, and exits with status 2.
 """
@@ -16,10 +19,13 @@ import sys
 
 from pydantic import ValidationError
 
-from ..models.hardware import PRESETS, Hardware, hardware_from, read_json
-from ..models.plan import TuneResult
+from ..models.hardware import PRESETS, hardware_from, read_json
 from ..models.workload import DTYPE_BYTES, Workload, builtin, workload_from_dict
-from ..optimizer.tune import SOLVERS, tune
+from ..optimizer.pareto import ParetoFront, pareto
+from ..optimizer.tune import SOLVERS
+from .progress import progress_bar, scaled
+from .report import format_hardware, format_measurement, format_pareto, format_table
+from .request import PlanRequest, document, one_line
 
 
 class UsageError(Exception):
@@ -52,131 +58,100 @@ _nonnegative_int = _number(int, 0)
 _positive_float = _number(float, 0, inclusive=False)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = _Parser(add_help=False)
-    common.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES), help="element type (default float32)")
-    common.add_argument("--hardware", default="host", help=f"{'|'.join(PRESETS)} or a JSON file (default host)")
-    common.add_argument("--solver", default="auto", choices=list(SOLVERS), help="default auto")
-    common.add_argument("--time-limit", type=_positive_float, default=10.0, metavar="S", help="seconds (default 10)")
-    common.add_argument("--top", type=_nonnegative_int, default=3, metavar="K", help="alternatives to list (default 3)")
-    common.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
-    common.add_argument("--target", choices=["llvm", "cuda"], help="backend (default: llvm for CPU hardware)")
-    common.add_argument("--export", metavar="DIR", help="write plan.json, schedule.py and kernel.so into DIR")
-    common.add_argument("--measure", action="store_true",
-                        help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
-
-    parser = _Parser(prog="tune", description="Loop orders and tile sizes per memory level that minimise data movement.")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    g = sub.add_parser("gemm", parents=[common], help="C[m,n] = A[m,k] B[k,n]")
+def _add_workloads(sub, parents: list[argparse.ArgumentParser]) -> None:
+    """The workload commands (gemm, batch-gemm, gemm-chain, workload), each with `parents`' flags."""
+    g = sub.add_parser("gemm", parents=parents, help="C[m,n] = A[m,k] B[k,n]")
     for d in "MNK":
         g.add_argument(f"--{d}", type=_positive_int, required=True)
     g.add_argument("--batch", type=_positive_int, help="adds a batch loop b indexing every tensor")
-    bg = sub.add_parser("batch-gemm", parents=[common], help="C[b,m,n] = A[b,m,k] B[b,k,n]")
+    bg = sub.add_parser("batch-gemm", parents=parents, help="C[b,m,n] = A[b,m,k] B[b,k,n]")
     bg.add_argument("--batch", type=_positive_int, required=True)
     for d in "MNK":
         bg.add_argument(f"--{d}", type=_positive_int, required=True)
-    c = sub.add_parser("gemm-chain", parents=[common], help="C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]")
+    c = sub.add_parser("gemm-chain", parents=parents, help="C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]")
     c.add_argument("--M", type=_positive_int, required=True)
     for d in "NKL":
         c.add_argument(f"--{d}", type=_positive_int, help="defaults to M")
     c.add_argument("--batch", type=_positive_int, help="adds a batch loop b indexing every tensor")
-    wl = sub.add_parser("workload", parents=[common], help="a workload from a JSON file")
+    wl = sub.add_parser("workload", parents=parents, help="a workload from a JSON file")
     wl.add_argument("file")
+    for name, parser in (("gemm", g), ("batch-gemm", bg), ("gemm-chain", c), ("workload", wl)):
+        parser.set_defaults(kind=name)
+
+
+def _capacities(text: str) -> list[int]:
+    return [_positive_int(part) for part in text.split(",")]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    solve = _Parser(add_help=False)
+    solve.add_argument("--dtype", default="float32", choices=list(DTYPE_BYTES), help="element type (default float32)")
+    solve.add_argument("--hardware", default="host", help=f"{'|'.join(PRESETS)} or a JSON file (default host)")
+    solve.add_argument("--solver", default="auto", choices=list(SOLVERS), help="default auto")
+    solve.add_argument("--time-limit", type=_positive_float, default=10.0, metavar="S", help="seconds per solve (default 10)")
+    solve.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
+    top = _Parser(add_help=False)
+    top.add_argument("--top", type=_nonnegative_int, default=3, metavar="K", help="alternatives to list (default 3)")
+    top.add_argument("--target", choices=["llvm", "cuda"], help="backend (default: llvm for CPU hardware)")
+    top.add_argument("--export", metavar="DIR", help="write plan.json, schedule.py and kernel.so into DIR")
+    top.add_argument("--measure", action="store_true",
+                     help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
+    sweep = _Parser(add_help=False)
+    sweep.add_argument("--level", action="append", help="a level name (repeatable; default every level)")
+    sweep.add_argument("--points", type=_number(int, 2), default=12, help="capacities per level (default 12)")
+    sweep.add_argument("--capacities", type=_capacities, metavar="B,B,..", help="bytes to sweep instead of --points")
+
+    parser = _Parser(prog="tune", description="Loop orders and tile sizes per memory level that minimise data movement.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_workloads(sub, [solve, top])
     hw = sub.add_parser("hardware", help="list presets, or show one")
     hw.add_argument("name", nargs="?")
     hw.add_argument("--json", action="store_true")
+    pa = sub.add_parser("pareto", help="least DV for each capacity of a level: the DV/MU trade-off")
+    _add_workloads(pa.add_subparsers(dest="kind", required=True, parser_class=_Parser), [solve, sweep])
+    sv = sub.add_parser("serve", help="run the REST service")
+    sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
+    sv.add_argument("--port", type=_number(int, 0), default=8000, help="default 8000")
+    sv.add_argument("--cache", metavar="PATH", help="SQLite plan cache (default $CACHETILE_CACHE or ~/.cache/cachetile/plans.sqlite)")
+    sv.add_argument("--workers", type=_positive_int, help="solver processes at once (default: CPU count)")
+    sv.add_argument("--max-time-limit", type=_positive_float, default=60.0, metavar="S",
+                    help="largest time_limit a request may ask for (default 60)")
+    sv.add_argument("--openapi", action="store_true", help="print the OpenAPI schema and exit")
     return parser
 
 
 def _workload(args) -> Workload:
-    if args.command == "workload":
+    if args.kind == "workload":
         return workload_from_dict(read_json(args.file))
-    if args.command == "gemm-chain":
+    if args.kind == "gemm-chain":
         dims = {"m": args.M, "n": args.N or args.M, "k": args.K or args.M, "l": args.L or args.M}
     else:
         dims = {"m": args.M, "n": args.N, "k": args.K}
     if args.batch is not None:
         dims["b"] = args.batch
-    return builtin(args.command, dims, args.dtype)
+    return builtin(args.kind, dims, args.dtype)
 
 
-def _si(value: float, unit: str) -> str:
-    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g} {prefix}{unit}"
-    return f"{value:.3g} {unit}"
-
-
-def _bytes(value: float) -> str:
-    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
-        if value >= scale:
-            return f"{value / scale:.3g} {unit}"
-    return f"{value:.0f} B"
-
-
-def _seconds(value: float) -> str:
-    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
-        if value >= scale:
-            return f"{value / scale:.4g} {unit}"
-    return f"{value / 1e-9:.4g} ns"
-
-
-def format_table(result: TuneResult) -> str:
-    """The human-readable report: per level the order, tiles, DV, MU against capacity and share of time."""
-    w, hw, plan = result.workload, result.hardware, result.plan
-    dims = " ".join(f"{x}={e}" for x, e in w.dims.items())
-    lines = [
-        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(hw.peak_flops, 'FLOP/s')})",
-        f"solver {result.solver.name}: {result.solver.status} in {result.solver.seconds:.2f} s, "
-        f"{result.solver.evaluated} evaluated",
-        f"predicted {_seconds(plan.predicted_seconds)}, bound by {plan.bottleneck} "
-        f"(compute alone {_seconds(w.flops / hw.peak_flops)})",
-        "",
-    ]
-    rows = [("level", "order", "tile", "DV", "MU / capacity", "time share")]
-    for lp, lv in zip(plan.levels, hw.levels):
-        share = lp.dv_bytes / lv.bandwidth_bytes_per_s / plan.predicted_seconds
-        rows.append((
-            lp.name,
-            " ".join(lp.order),
-            " ".join(f"{x}={t}" for x, t in lp.tile.items()),
-            _bytes(lp.dv_bytes),
-            f"{_bytes(lp.mu_bytes)} / {_bytes(lp.capacity_bytes)}",
-            f"{100 * share:.1f}%",
-        ))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    lines += ["  ".join(cell.ljust(wd) for cell, wd in zip(r, widths)).rstrip() for r in rows]
-    lines.append("(levels innermost first; orders outermost loop first)")
-    for i, alt in enumerate(result.alternatives, 1):
-        delta = alt.predicted_seconds / plan.predicted_seconds - 1
-        tiles = "; ".join(f"{lp.name} " + ",".join(str(t) for t in lp.tile.values()) for lp in alt.levels)
-        lines.append(f"alternative {i}: {_seconds(alt.predicted_seconds)} (+{100 * delta:.2f}%), bound by {alt.bottleneck}: {tiles}")
-    return "\n".join(lines)
-
-
-def format_hardware(hw: Hardware) -> str:
-    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')}"]
-    for lv in hw.levels:
-        lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
-    if hw.source:
-        lines.append(f"  source: {hw.source}")
-    return "\n".join(lines)
-
-
-def _one_line(exc: Exception) -> str:
-    if isinstance(exc, ValidationError):
-        parts = []
-        for err in exc.errors():
-            where = ".".join(str(p) for p in err["loc"])
-            msg = err["msg"].removeprefix("Value error, ")
-            parts.append(f"{where}: {msg}" if where else msg)
-        return "; ".join(parts)
-    return str(exc).replace("\n", " ")
+def _pareto(args) -> list[ParetoFront]:
+    workload, hardware = _workload(args), hardware_from(args.hardware)
+    levels = args.level or [lv.name for lv in hardware.levels]
+    fronts = []
+    with progress_bar("pareto") as bar:
+        for i, level in enumerate(levels):
+            fronts.append(pareto(
+                workload, hardware, level, capacities=args.capacities, points=args.points, solver=args.solver,
+                time_limit=args.time_limit, progress=scaled(bar, i / len(levels), (i + 1) / len(levels)),
+            ))
+    return fronts
 
 
 def run(argv: list[str]) -> int:
     """Parse, solve, print; returns the exit status."""
     args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from .service import serve  # the web stack loads only for this command
+
+        return serve(args)
     if args.command == "hardware":
         if args.name is None:
             if args.json:
@@ -187,13 +162,22 @@ def run(argv: list[str]) -> int:
         hw = hardware_from(args.name)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0
+    if args.command == "pareto":
+        fronts = _pareto(args)
+        if args.json:
+            print(json.dumps([f.model_dump(mode="json") for f in fronts], indent=2))
+        else:
+            print("\n\n".join(format_pareto(f) for f in fronts))
+        return 0
     hardware = hardware_from(args.hardware)
     target = args.target or ("llvm" if hardware.kind == "cpu" else "cuda")
     backend = args.export is not None or args.measure
     if backend and (target != "llvm" or hardware.kind != "cpu"):
         raise UsageError(f"--export and --measure need --target llvm and CPU hardware (got {target} on {hardware.kind})")
-    result = tune(_workload(args), hardware, args.solver, args.time_limit, args.top)
-    built = measurement = None
+    request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
+                          time_limit=args.time_limit, top=args.top)
+    result = request.solve()
+    measurement = None
     if backend:
         from ..backends.build import build, export  # TVM loads only when a kernel is wanted
 
@@ -203,9 +187,10 @@ def run(argv: list[str]) -> int:
         if args.measure:
             from ..backends.measure import measure
 
-            measurement = measure(result, built=built)
+            with progress_bar("measure") as bar:
+                measurement = measure(result, built=built, progress=bar)
     if args.json:
-        doc = json.loads(result.model_dump_json())
+        doc = json.loads(document(result))
         if measurement is not None:
             doc["measurement"] = measurement.model_dump()
         print(json.dumps(doc, indent=2))
@@ -218,12 +203,6 @@ def run(argv: list[str]) -> int:
     return 0
 
 
-def format_measurement(m) -> str:
-    return (f"measured: kernel {m.kernel_gflops:.1f} GFLOP/s ({_seconds(m.kernel_seconds)}), numpy "
-            f"{m.numpy_gflops:.1f} GFLOP/s ({_seconds(m.numpy_seconds)}), ratio {m.ratio:.2f}x; "
-            f"build {m.build_seconds:.2f} s; max |error| {m.max_abs_error:.2g}")
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     try:
@@ -232,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune: error: {exc}", file=sys.stderr)
         return 2
     except (ValueError, ValidationError) as exc:  # bad workload, hardware or an infeasible problem
-        print(f"tune: error: {_one_line(exc)}", file=sys.stderr)
+        print(f"tune: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except OSError as exc:  # --export into a path that cannot be written
         print(f"tune: error: {exc}", file=sys.stderr)

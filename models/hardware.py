@@ -12,18 +12,25 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
+# Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
+MAX_CAPACITY = 2**62
+# Real hierarchies have at most five; past about ten, enumerate's costing between deadline checks
+# grows so fast that a 1 s limit overran by a minute at 15 levels.
+MAX_LEVELS = 8
+
+
 class Level(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    capacity_bytes: int = Field(gt=0)
-    bandwidth_bytes_per_s: float = Field(gt=0)
+    capacity_bytes: int = Field(gt=0, le=MAX_CAPACITY)
+    bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
 
 
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
-    levels: list[Level] = Field(min_length=1, description="innermost first")
-    peak_flops: float = Field(gt=0)
+    levels: list[Level] = Field(min_length=1, max_length=MAX_LEVELS, description="innermost first")
+    peak_flops: float = Field(gt=0, allow_inf_nan=False)
     kind: Literal["cpu", "gpu"] = Field("cpu", description="picks the backend: llvm for cpu, cuda for gpu")
     cores: int = Field(1, ge=1, description="threads the kernel runs on (CPU)")
     vector_bytes: int | None = Field(

@@ -13,6 +13,9 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
 Role = Literal["input", "output", "intermediate"]
+# Kernels index with 32-bit integers; larger extents would also make the tile
+# candidate sets (which grow with sqrt(extent)) too large to search.
+MAX_EXTENT = 2**31 - 1
 
 
 class Tensor(BaseModel):
@@ -48,6 +51,8 @@ class Workload(BaseModel):
         for loop, extent in dims.items():
             if extent < 1:
                 raise ValueError(f"loop {loop!r} has extent {extent}; extents must be >= 1")
+            if extent > MAX_EXTENT:
+                raise ValueError(f"loop {loop!r} has extent {extent}; extents must be <= {MAX_EXTENT}")
         return dims
 
     @model_validator(mode="after")
@@ -143,7 +148,7 @@ class Workload(BaseModel):
 
 def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
     """Build `gemm`, `batch-gemm` or `gemm-chain`; a `b` entry in dims adds a batch loop indexing every tensor."""
-    if dtype not in DTYPE_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
     batch = ["b"] if "b" in dims else []
     if kind == "batch-gemm" and not batch:

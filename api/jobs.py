@@ -1,0 +1,118 @@
+"""Jobs: plan, then build and measure each plan with TVM, in the background with progress.
+
+A job's plan comes from PlanService (cache or solve); measuring runs in its
+own one-process pool, so timings never share the CPU with each other. Jobs
+live in memory: they do not survive a restart (plans do, in the cache).
+"""
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from typing import Literal
+
+from pydantic import BaseModel, Field, model_validator
+
+from ..models.plan import TuneResult
+from . import worker
+from .plans import PlanService
+from .pool import ProcessPool, WorkerError
+from .progress import scaled
+from .request import PlanRequest
+
+State = Literal["queued", "running", "done", "failed", "cancelled"]
+PLAN_SHARE = 0.1  # of the fraction done, when the job also measures
+KEEP = 1000  # finished jobs remembered
+MAX_MEASURE_BYTES = 2**30  # measuring allocates every tensor, twice (kernel and numpy)
+
+
+class JobRequest(PlanRequest):
+    measure: bool = Field(True, description="build and time the plan and each alternative on the server's CPU")
+    repeat: int = Field(10, ge=10, le=1000, description="timing runs per kernel (median reported)")
+
+    @model_validator(mode="after")
+    def _small_enough_to_measure(self) -> JobRequest:
+        w = self.workload
+        size = sum(math.prod(w.dims[x] for x in t.dims) for t in w.tensors.values()) * w.elem_bytes
+        if self.measure and size > MAX_MEASURE_BYTES:
+            raise ValueError(f"measuring needs {size} bytes of tensors, more than {MAX_MEASURE_BYTES}; "
+                             "ask with measure false for the plan alone")
+        return self
+
+
+class JobResult(BaseModel):
+    plan: TuneResult = Field(description="the document `tune --json` prints")
+    measurements: list[dict[str, float]] | None = Field(
+        None, description="per plan, then per alternative: kernel_gflops, numpy_gflops, ratio, max_abs_error, "
+        "build_seconds, kernel_seconds, numpy_seconds; null when not measured")
+
+
+class Job(BaseModel):
+    id: str
+    status: State
+    fraction: float = Field(description="of the work done, 0 to 1")
+    message: str = ""
+    result: JobResult | None = None
+    error: str | None = Field(None, description="one line, when failed")
+    created: float
+    finished: float | None = None
+
+
+class JobService:
+    def __init__(self, plans: PlanService, measure_pool: ProcessPool):
+        self.plans, self.pool = plans, measure_pool
+        self.jobs: dict[str, Job] = {}
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def submit(self, request: JobRequest) -> Job:
+        """Queue a job and start it in the background."""
+        job = Job(id=uuid.uuid4().hex, status="queued", fraction=0.0, message="queued", created=time.time())
+        self.jobs[job.id] = job
+        task = asyncio.ensure_future(self._run(job, request))
+        self._tasks[job.id] = task
+        task.add_done_callback(lambda _: self._tasks.pop(job.id, None))
+        self._forget_old()
+        return job
+
+    def cancel(self, job_id: str) -> Job | None:
+        """Cancel a queued or running job (its process is killed); a finished one is left as it is."""
+        job = self.jobs.get(job_id)
+        if job and job.status in ("queued", "running"):
+            self._finish(job, "cancelled", "cancelled")
+            task = self._tasks.get(job_id)
+            if task:
+                task.cancel()
+        return job
+
+    def _progress(self, job: Job, fraction: float, message: str) -> None:
+        if job.status == "running":
+            job.fraction, job.message = round(min(max(fraction, 0.0), 1.0), 4), message
+
+    def _finish(self, job: Job, status: State, message: str, error: str | None = None) -> None:
+        job.status, job.message, job.error, job.finished = status, message, error, time.time()
+
+    async def _run(self, job: Job, request: JobRequest) -> None:
+        job.status = "running"
+        self._progress(job, 0.0, "planning")
+        plan_request = PlanRequest(**{name: getattr(request, name) for name in PlanRequest.model_fields})
+        try:
+            doc, _ = await self.plans.get(plan_request)
+            measurements = None
+            if request.measure:
+                self._progress(job, PLAN_SHARE, "measuring")
+                measurements = await self.pool.run(
+                    worker.measure_plans, doc, request.repeat,
+                    progress=scaled(lambda f, m: self._progress(job, f, m), PLAN_SHARE, 1.0),
+                )
+        except WorkerError as exc:
+            self._finish(job, "failed", exc.kind, str(exc))
+            return
+        job.result = JobResult(plan=TuneResult.model_validate_json(doc), measurements=measurements)
+        job.fraction = 1.0
+        self._finish(job, "done", "done")
+
+    def _forget_old(self) -> None:
+        finished = [j for j in self.jobs.values() if j.finished is not None]
+        for job in sorted(finished, key=lambda j: j.finished)[: max(0, len(finished) - KEEP)]:
+            del self.jobs[job.id]

@@ -1,0 +1,99 @@
+"""Human-readable reports: the plan table, a hardware summary and a Pareto sweep."""
+from __future__ import annotations
+
+from ..models.hardware import Hardware
+from ..models.plan import TuneResult
+from ..optimizer.pareto import ParetoFront
+
+
+def _si(value: float, unit: str) -> str:
+    for scale, prefix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {prefix}{unit}"
+    return f"{value:.3g} {unit}"
+
+
+def _bytes(value: float) -> str:
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value:.0f} B"
+
+
+def _seconds(value: float) -> str:
+    for scale, unit in ((1, "s"), (1e-3, "ms"), (1e-6, "us")):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value / 1e-9:.4g} ns"
+
+
+def format_table(result: TuneResult) -> str:
+    """The human-readable report: per level the order, tiles, DV, MU against capacity and share of time."""
+    w, hw, plan = result.workload, result.hardware, result.plan
+    dims = " ".join(f"{x}={e}" for x, e in w.dims.items())
+    lines = [
+        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(hw.peak_flops, 'FLOP/s')})",
+        f"solver {result.solver.name}: {result.solver.status} in {result.solver.seconds:.2f} s, "
+        f"{result.solver.evaluated} evaluated",
+        f"predicted {_seconds(plan.predicted_seconds)}, bound by {plan.bottleneck} "
+        f"(compute alone {_seconds(w.flops / hw.peak_flops)})",
+        "",
+    ]
+    rows = [("level", "order", "tile", "DV", "MU / capacity", "time share")]
+    for lp, lv in zip(plan.levels, hw.levels):
+        share = lp.dv_bytes / lv.bandwidth_bytes_per_s / plan.predicted_seconds
+        rows.append((
+            lp.name,
+            " ".join(lp.order),
+            " ".join(f"{x}={t}" for x, t in lp.tile.items()),
+            _bytes(lp.dv_bytes),
+            f"{_bytes(lp.mu_bytes)} / {_bytes(lp.capacity_bytes)}",
+            f"{100 * share:.1f}%",
+        ))
+    lines += _rows(rows)
+    lines.append("(levels innermost first; orders outermost loop first)")
+    for i, alt in enumerate(result.alternatives, 1):
+        delta = alt.predicted_seconds / plan.predicted_seconds - 1
+        tiles = "; ".join(f"{lp.name} " + ",".join(str(t) for t in lp.tile.values()) for lp in alt.levels)
+        lines.append(f"alternative {i}: {_seconds(alt.predicted_seconds)} (+{100 * delta:.2f}%), bound by {alt.bottleneck}: {tiles}")
+    return "\n".join(lines)
+
+
+def format_hardware(hw: Hardware) -> str:
+    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')}"]
+    for lv in hw.levels:
+        lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
+    if hw.source:
+        lines.append(f"  source: {hw.source}")
+    return "\n".join(lines)
+
+
+def _rows(rows: list[tuple[str, ...]]) -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return ["  ".join(cell.ljust(wd) for cell, wd in zip(r, widths)).rstrip() for r in rows]
+
+
+def format_pareto(front: ParetoFront) -> str:
+    """One row per capacity: the least DV, the MU it takes, the time; `*` marks the Pareto front."""
+    i = [lv.name for lv in front.hardware.levels].index(front.level)
+    rows = [("", "capacity", "MU", "DV", "predicted", "status", "order", "tile")]
+    for p in front.points:
+        lp = p.plan.levels[i]
+        rows.append((
+            "*" if p.on_front else "",
+            _bytes(p.capacity_bytes),
+            _bytes(p.mu_bytes),
+            _bytes(p.dv_bytes),
+            _seconds(p.predicted_seconds),
+            p.status,
+            " ".join(lp.order),
+            " ".join(f"{x}={t}" for x, t in lp.tile.items()),
+        ))
+    return "\n".join([f"level {front.level}: least DV for each capacity (* on the Pareto front)", *_rows(rows)])
+
+
+def format_measurement(m) -> str:
+    """One line: the kernel's GFLOP/s beside numpy's (a backends.measure.Measurement)."""
+    return (f"measured: kernel {m.kernel_gflops:.1f} GFLOP/s ({_seconds(m.kernel_seconds)}), numpy "
+            f"{m.numpy_gflops:.1f} GFLOP/s ({_seconds(m.numpy_seconds)}), ratio {m.ratio:.2f}x; "
+            f"build {m.build_seconds:.2f} s; max |error| {m.max_abs_error:.2g}")

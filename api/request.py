@@ -1,0 +1,148 @@
+"""One tuning request, whether it comes from the CLI's flags or the service's JSON body.
+
+Both front ends build a PlanRequest and call `solve`, so they answer the same
+document for the same request, and the service's cache key is defined here.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
+
+from ..models.hardware import PRESETS, Hardware, preset
+from ..models.plan import TuneResult
+from ..models.workload import MAX_EXTENT, Dtype, Workload, builtin
+from ..optimizer.tune import SOLVERS, tune
+
+MAX_TOP = 100
+
+
+def describe(errors) -> str:
+    """pydantic's list of errors as one line: `field.path: message; ...`."""
+    parts = []
+    for err in errors:
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
+
+
+def one_line(exc: Exception) -> str:
+    """An error as one line."""
+    if isinstance(exc, ValidationError):
+        return describe(exc.errors())
+    return str(exc).replace("\n", " ")
+
+
+# The short forms of the built-in workloads, typed so the schema says what a valid body is.
+Extent = Annotated[int, Field(ge=1, le=MAX_EXTENT)]
+_BATCH = "a batch loop indexing every tensor"
+
+
+class _Short(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    dtype: Dtype = "float32"
+
+
+class GemmDims(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    m: Extent
+    n: Extent
+    k: Extent
+    b: Extent = Field(None, description=f"optional: {_BATCH}")
+
+
+class BatchGemmDims(GemmDims):
+    b: Extent = Field(description=_BATCH)
+
+
+class ChainDims(GemmDims):
+    l: Extent  # noqa: E741  (the chain's shared loop is named l throughout)
+
+
+class Gemm(_Short):
+    """C[m,n] = A[m,k] B[k,n]"""
+    kind: Literal["gemm"]
+    dims: GemmDims
+
+
+class BatchGemm(_Short):
+    """C[b,m,n] = A[b,m,k] B[b,k,n]"""
+    kind: Literal["batch-gemm"]
+    dims: BatchGemmDims
+
+
+class GemmChain(_Short):
+    """C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]"""
+    kind: Literal["gemm-chain"]
+    dims: ChainDims
+
+
+_SHORT = TypeAdapter(Annotated[Gemm | BatchGemm | GemmChain, Field(discriminator="kind")])
+
+
+def _workload(value: Any) -> Workload:
+    if isinstance(value, Workload):
+        return value
+    # Strict: a JSON body's "5" is not the integer its schema promises.
+    try:
+        if isinstance(value, dict) and "tensors" not in value and "ops" not in value:
+            spec = _SHORT.validate_python(value, strict=True)
+            return builtin(spec.kind, spec.dims.model_dump(exclude_none=True), spec.dtype)
+        return Workload.model_validate(value, strict=True)
+    except ValidationError as exc:  # re-raised as one message under the `workload` field
+        raise ValueError(one_line(exc)) from None
+
+
+def _hardware(value: Any) -> Hardware:
+    if isinstance(value, Hardware):
+        return value
+    expected = f"expected one of {', '.join(PRESETS)} or a hardware object"
+    if isinstance(value, str):  # preset names only: a request must not read the server's files
+        if value not in PRESETS:
+            raise ValueError(f"unknown hardware {value!r}; {expected}")
+        return preset(value)
+    if not isinstance(value, dict):
+        raise ValueError(f"hardware must be a preset name or an object; {expected}")
+    try:
+        return Hardware.model_validate(value, strict=True)
+    except ValidationError as exc:
+        raise ValueError(one_line(exc)) from None
+
+
+WorkloadSpec = Annotated[Workload, PlainValidator(_workload, json_schema_input_type=Gemm | BatchGemm | GemmChain | Workload)]
+HardwareSpec = Annotated[Hardware, PlainValidator(_hardware, json_schema_input_type=Literal[PRESETS] | Hardware)]
+SolverName = Literal[tuple(sorted(SOLVERS))]  # sorted: the schema must not depend on import order
+
+
+class PlanRequest(BaseModel):
+    """Workload, hardware and solver options: everything a plan depends on."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    workload: WorkloadSpec = Field(description="the short form {kind, dims, dtype} or a full workload object")
+    hardware: HardwareSpec = Field("host", validate_default=True, description="a preset name or a hardware object")
+    solver: SolverName = "auto"
+    time_limit: float = Field(10.0, gt=0, allow_inf_nan=False, description="seconds the solver may take")
+    top: int = Field(3, ge=0, le=MAX_TOP, description="alternatives to return besides the plan")
+
+    def cache_key(self) -> str:
+        """A hash of everything the answer depends on (the resolved workload and hardware, the solver options)."""
+        data = {
+            "workload": self.workload.model_dump(mode="json"),
+            "hardware": self.hardware.model_dump(mode="json"),
+            "solver": self.solver,
+            "time_limit": self.time_limit,
+            "top": self.top,
+        }
+        return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+    def solve(self) -> TuneResult:
+        """Run the optimizer; raises as `tune` does."""
+        return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top)
+
+
+def document(result: TuneResult) -> str:
+    """The JSON text `tune --json` prints and the service returns."""
+    return result.model_dump_json(indent=2)

@@ -1,0 +1,142 @@
+"""The DV/MU trade-off at one memory level: least data movement for each capacity.
+
+For a level l and a capacity c, the point is the plan minimising DV_l (bytes
+moved into level l) subject to MU_l <= c, the other levels' capacities and the
+nesting of tiles. DV_l depends only on the orders and tiles of levels >= l, so
+this is found by the ordinary optimizer on a copy of the hardware where level
+l's link is the only one that costs time. Sweeping c gives the least-DV curve;
+its non-dominated (MU, DV) points are the Pareto front.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from ..models.costmodel import memory_usage
+from ..models.hardware import Hardware
+from ..models.plan import Plan, Status, make_plan
+from ..models.workload import Workload
+from .space import Space
+from .tune import tune
+
+Progress = Callable[[float, str], None]
+
+# Level l's link is slow and every other cost is negligible, so minimising
+# predicted time minimises DV_l; the other links still break its ties.
+_SLOW, _FAST = 1.0, 1e300
+
+
+class ParetoPoint(BaseModel):
+    capacity_bytes: int = Field(description="the level's capacity for this solve")
+    mu_bytes: float = Field(description="MU of the level in the least-DV plan")
+    dv_bytes: float = Field(description="least DV of the level with this capacity")
+    predicted_seconds: float = Field(description="that plan's time on the hardware with this capacity")
+    on_front: bool = Field(description="no other point has MU and DV both <= with one strictly less")
+    status: Status = Field(description="the solver's status for this capacity")
+    plan: Plan
+
+
+class ParetoFront(BaseModel):
+    workload: Workload
+    hardware: Hardware
+    level: str
+    points: list[ParetoPoint] = Field(description="one per capacity, ascending")
+
+    @property
+    def front(self) -> list[ParetoPoint]:
+        """The non-dominated points, ascending MU (and so descending DV)."""
+        return [p for p in self.points if p.on_front]
+
+
+def level_index(hardware: Hardware, level: int | str) -> int:
+    """A level given by name or index, checked against the hardware."""
+    names = [lv.name for lv in hardware.levels]
+    if isinstance(level, str) and level in names:
+        return names.index(level)
+    if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(names):
+        return level
+    raise ValueError(f"unknown level {level!r}; expected one of {', '.join(names)} or an index below {len(names)}")
+
+
+def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
+    """The hardware with one level's capacity replaced."""
+    levels = [lv.model_copy(update={"capacity_bytes": capacity}) if i == level else lv
+              for i, lv in enumerate(hardware.levels)]
+    return hardware.model_copy(update={"levels": levels})
+
+
+def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
+    """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
+
+    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint).
+
+    The most is the MU of the whole problem, or the next level out's capacity
+    if smaller (inner tiles never exceed outer ones). The level's own capacity
+    is added when it lies in that range, so the design point is on the curve.
+    """
+    if points < 2:
+        raise ValueError(f"a sweep needs at least 2 points, got {points}")
+    i = level_index(hardware, level)
+    lo = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
+    hi = float(memory_usage(workload, workload.dims))
+    if i + 1 < len(hardware.levels):
+        hi = min(hi, hardware.levels[i + 1].capacity_bytes)
+    hi = max(hi, lo)
+    caps = {int(round(c)) for c in np.geomspace(lo, hi, points)}
+    own = hardware.levels[i].capacity_bytes
+    if lo <= own <= hi:
+        caps.add(own)
+    return sorted(caps)
+
+
+def _mark_front(points: list[ParetoPoint]) -> None:
+    best = np.inf
+    for p in sorted(points, key=lambda p: (p.mu_bytes, p.dv_bytes)):
+        p.on_front = p.dv_bytes < best
+        best = min(best, p.dv_bytes)
+
+
+def pareto(
+    workload: Workload,
+    hardware: Hardware,
+    level: int | str = 0,
+    capacities: Sequence[int] | None = None,
+    points: int = 12,
+    solver: str = "auto",
+    time_limit: float = 10.0,
+    progress: Progress | None = None,
+) -> ParetoFront:
+    """The least DV of `level` (name or index) for each capacity, and which points are Pareto-optimal.
+
+    `capacities` defaults to `capacity_sweep(workload, hardware, level, points)`.
+    Each capacity is one solve with `solver` and `time_limit` seconds, whose
+    status the point reports (`optimal` means DV_l is the proven minimum).
+    A capacity below the smallest tiling's footprint raises InfeasibleError.
+    `progress(fraction, message)` is called before each solve and at the end.
+    """
+    i = level_index(hardware, level)
+    caps = sorted({int(c) for c in (capacity_sweep(workload, hardware, i, points) if capacities is None else capacities)})
+    if not caps:
+        raise ValueError("no capacities to sweep")
+    if caps[0] < 1:
+        raise ValueError(f"capacities must be >= 1 byte, got {caps[0]}")
+    swept = []
+    for n, cap in enumerate(caps):
+        if progress:
+            progress(n / len(caps), f"{hardware.levels[i].name} capacity {cap} B")
+        real = with_capacity(hardware, i, cap)
+        levels = [lv.model_copy(update={"bandwidth_bytes_per_s": _SLOW if j == i else _FAST})
+                  for j, lv in enumerate(real.levels)]
+        dv_only = real.model_copy(update={"levels": levels, "peak_flops": _FAST})
+        result = tune(workload, dv_only, solver, time_limit, top=0)
+        plan = make_plan(workload, real, [lp.order for lp in result.plan.levels], [lp.tile for lp in result.plan.levels])
+        swept.append(ParetoPoint(
+            capacity_bytes=cap, mu_bytes=plan.levels[i].mu_bytes, dv_bytes=plan.levels[i].dv_bytes,
+            predicted_seconds=plan.predicted_seconds, on_front=False, status=result.solver.status, plan=plan,
+        ))
+    _mark_front(swept)
+    if progress:
+        progress(1.0, "done")
+    return ParetoFront(workload=workload, hardware=hardware, level=hardware.levels[i].name, points=swept)
