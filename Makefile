@@ -45,7 +45,9 @@ lock:
 	 build/lockenv/bin/pip freeze --exclude cachetile) > requirements.lock
 
 bench: $(STAMP)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[dev,bench]'
 	$(BIN)/python bench/solve_times.py
+	$(BIN)/python bench/kernels.py
 	$(BIN)/python bench/service_load.py
 
 clean:
