@@ -136,35 +136,27 @@ print("bottlenecks:", [p.bottleneck for p in tiles_by_ratio])
 # `cachetile.backends.measure.measure`.
 
 # %%
-import importlib.util  # noqa: E402
+from cachetile.backends.measure import measure  # noqa: E402
 
 host = preset("host")
 result = tune(chain, host, time_limit=5, top=0)
 l1 = next(i for i, lv in enumerate(host.levels) if lv.name == "L1")
 sweep = pareto(chain, host, "L1", points=6, time_limit=1)
 plans = [result.plan] + [p.plan for p in sweep.front if p.capacity_bytes <= host.levels[l1].capacity_bytes]
-if importlib.util.find_spec("cachetile.backends.measure") is None:
-    # The TVM backend lands separately; until then this section lists what it would measure.
-    print("cachetile.backends.measure is not installed: predicted times only")
-    for p in plans:
-        print(f"  L1 tile {p.levels[l1].tile}: predicted {p.predicted_seconds * 1e6:.1f} us, bound by {p.bottleneck}")
-else:
-    from cachetile.backends.measure import measure
-
-    measured = [measure(result, p, repeat=10) for p in plans]
-    predicted = [p.predicted_seconds for p in plans]
-    kernel = [m.kernel_seconds for m in measured]
-    fig, ax = plt.subplots(figsize=(5, 5))
-    ax.plot(predicted, kernel, "o")
-    lo, hi = min(predicted + kernel), max(predicted + kernel)
-    ax.plot([lo, hi], [lo, hi], ":", color="grey", label="measured = predicted")
-    ax.set(xscale="log", yscale="log", xlabel="predicted (s)", ylabel="measured kernel (s)",
-           title=f"{len(plans)} plans on {host.name}")
-    ax.legend()
-    plt.show()
-    for p, m in zip(plans, measured):
-        print(f"  L1 tile {p.levels[l1].tile}: predicted {p.predicted_seconds * 1e6:.1f} us, "
-              f"measured {m.kernel_seconds * 1e6:.1f} us ({m.kernel_gflops:.1f} GFLOP/s, numpy {m.numpy_gflops:.1f})")
+measured = [measure(result, p, repeat=10) for p in plans]
+predicted = [p.predicted_seconds for p in plans]
+kernel = [m.kernel_seconds for m in measured]
+fig, ax = plt.subplots(figsize=(5, 5))
+ax.plot(predicted, kernel, "o")
+lo, hi = min(predicted + kernel), max(predicted + kernel)
+ax.plot([lo, hi], [lo, hi], ":", color="grey", label="measured = predicted")
+ax.set(xscale="log", yscale="log", xlabel="predicted (s)", ylabel="measured kernel (s)",
+       title=f"{len(plans)} plans on {host.name}")
+ax.legend()
+plt.show()
+for p, m in zip(plans, measured):
+    print(f"  L1 tile {p.levels[l1].tile}: predicted {p.predicted_seconds * 1e6:.1f} us, "
+          f"measured {m.kernel_seconds * 1e6:.1f} us ({m.kernel_gflops:.1f} GFLOP/s, numpy {m.numpy_gflops:.1f})")
 
 # %%
 print(f"notebook ran in {time.perf_counter() - start:.1f} s")
