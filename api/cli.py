@@ -96,6 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--export", metavar="DIR", help="write plan.json, schedule.py and kernel.so into DIR")
     top.add_argument("--measure", action="store_true",
                      help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
+    top.add_argument("--double-buffer", action="store_true",
+                     help="with --export/--measure: software-pipeline the input caches' copies (two buffers each)")
     sweep = _Parser(add_help=False)
     sweep.add_argument("--level", action="append", help="a level name (repeatable; default every level)")
     sweep.add_argument("--points", type=_number(int, 2), default=12, help="capacities per level (default 12)")
@@ -181,7 +183,8 @@ def run(argv: list[str]) -> int:
     if backend:
         from ..backends.build import build, export  # TVM loads only when a kernel is wanted
 
-        built = build(result.workload, result.hardware, result.plan)
+        built = build(result.workload, result.hardware, result.plan, double_buffer=args.double_buffer)
+        result.plan.caches = built.emitted.caches  # what was emitted, double buffers included
         if args.export is not None:
             export(result, args.export, built)
         if args.measure:
