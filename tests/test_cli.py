@@ -215,3 +215,27 @@ def test_cli_does_not_import_tvm_or_pyomo_for_enumerate():
 def test_builtin_names_dims_in_row_major_order():
     w = builtin("batch-gemm", {"b": 2, "m": 3, "n": 4, "k": 5})
     assert w.tensors["A"].dims == ["b", "m", "k"] and w.signature == ["A", "B", "C"]
+
+
+def test_export_and_measure_from_the_command_line(tmp_path):
+    out = tmp_path / "kernel"
+    doc = json.loads(tune("gemm", "--M", "64", "--N", "48", "--K", "40", "--export", str(out), "--measure",
+                          "--double-buffer", "--json").stdout)
+    assert sorted(p.name for p in out.iterdir()) == ["kernel.so", "plan.json", "schedule.py"]
+    exported = json.loads((out / "plan.json").read_text())
+    assert exported["plan"] == doc["plan"] and exported["plan"]["caches"]
+    m = doc["measurement"]
+    assert m["kernel_gflops"] > 0 and m["numpy_gflops"] > 0 and m["max_abs_error"] < 1e-3
+
+
+def test_kernel_flags_need_a_cpu_target(tmp_path):
+    bad("gemm", "--M", "64", "--N", "64", "--K", "64", "--hardware", "h100", "--export", str(tmp_path),
+        match="--export and --measure need --target llvm and CPU hardware (got cuda on gpu)")
+    bad("gemm", "--M", "64", "--N", "64", "--K", "64", "--target", "cuda", "--measure",
+        match="need --target llvm")
+
+
+def test_export_into_a_file_path_is_one_line(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    bad("gemm", "--M", "16", "--N", "16", "--K", "16", "--export", str(blocker / "sub"), match="Not a directory")
