@@ -20,6 +20,7 @@ GFLOP/s beside numpy's (np.matmul per op; two calls for a chain), medians of
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -116,7 +117,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
         for n in trials:
             log(f"metaschedule: {name}, {n} trials")
             mod = tvm.IRModule({"main": primfunc(w)})
-            with tempfile.TemporaryDirectory() as work:
+            with tempfile.TemporaryDirectory() as work, contextlib.redirect_stdout(sys.stderr):  # its logs
                 start = time.perf_counter()
                 db = ms.tune_tir(mod, target, work, max_trials_global=n, num_trials_per_iter=64,
                                  num_tuning_cores=hw.cores)
