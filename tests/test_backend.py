@@ -39,7 +39,7 @@ SHAPES = [(1, 7, 97, 197), (257, 1, 7, 97), (97, 197, 1, 7), (7, 257, 64, 1), (1
 def test_every_solver_plan_builds_and_matches_numpy(kind, solver):
     for extents in SHAPES[:: 2 if solver.startswith("pyomo") else 1]:
         w = builtin(kind, _shapes(kind, extents))
-        result = tune(w, HOST, solver=solver, time_limit=2, top=0)
+        result = tune(w, HOST, solver=solver, time_limit=4, top=0)
         built = build(w, HOST, result.plan)
         check(w, built.lib)  # raises MismatchError with the element that differs
 
