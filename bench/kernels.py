@@ -142,7 +142,7 @@ def random_plan(space, rng):
             t = {}
             for x in space.loops:
                 c = space.candidates[x]
-                ok = c[space.legal(x, c, parent[x])]
+                ok = c[space.legal(x, c, parent[x], j)]
                 t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
             if level_usage(w, space.hardware, j, t) > space.hardware.levels[j].capacity_bytes:
                 break

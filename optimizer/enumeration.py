@@ -55,7 +55,7 @@ class _Search:
                 rows = self.rows[j]
                 ok = np.zeros(len(rows), dtype=bool)
                 for seed in register_rows:
-                    ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i]) for i, x in enumerate(space.loops)])
+                    ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = {}
         self.evaluated = 0
@@ -104,7 +104,7 @@ class _Search:
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
         sp = self.space
         rows = self.rows[level]
-        legal = [sp.legal(x, rows[:, i], parent[i]) for i, x in enumerate(sp.loops)]
+        legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
         rows = rows[np.logical_and.reduce(legal)]
         if len(rows) == 0:
             return

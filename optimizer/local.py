@@ -21,7 +21,7 @@ def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | 
     for j in reversed(range(space.n_levels)):
         parent = tiles[j + 1] if j + 1 < space.n_levels else w.dims
         # Legal values of each loop, ascending; the smallest tile is always among them.
-        legal = {x: sorted({smallest[x], *space.candidates[x][space.legal(x, space.candidates[x], parent[x])].tolist()})
+        legal = {x: sorted({smallest[x], *space.candidates[x][space.legal(x, space.candidates[x], parent[x], j)].tolist()})
                  for x in loops}
         for x in loops:
             below = [v for v in legal[x] if v <= tiles[j][x]]

@@ -80,7 +80,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
         feasible &= level_usage(space.workload, hw, j, tiles[j]) <= lv.capacity_bytes
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
-            feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x])
+            feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     predicted, _ = predicted_seconds(hw, compute_seconds(space.workload, hw, orders, tiles), secs)
     return predicted, memmax, memsum, feasible
 

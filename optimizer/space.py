@@ -10,7 +10,9 @@ above, unless that one is the whole extent (the backend then pads the loop to a
 multiple of the largest tile below it). On hardware with SIMD registers
 (`Hardware.vector_bytes`), the loops that index an output's last dimension, the
 ones the backend vectorises, also take tiles that are multiples of the vector
-lanes (or the whole extent). Solvers only return plans that obey both rules.
+lanes (or the whole extent), and in the register tile a power of two of
+vectors (or the whole extent, when it is less than one vector). Solvers only
+return plans that obey these rules.
 
 Orders: permutations of all loops with the loops shared by every op first.
 Two orders of one level are equivalent when, for every op and tensor, the walk
@@ -165,7 +167,7 @@ class Space:
         """Register tiles that fit, and for each the least register-load time it allows (seconds)."""
         w, lv = self.workload, self.hardware.levels[0]
         weights = register_weights(w, self.hardware)
-        rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x])] for x, c in self.candidates.items()},
+        rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x], level=0)] for x, c in self.candidates.items()},
                              self.smallest_tiles(), lv.capacity_bytes, self.hardware)
         if rows is None:
             return None, None
@@ -208,7 +210,7 @@ class Space:
         return len(self.hardware.levels)
 
     def smallest_tiles(self) -> dict[str, int]:
-        """The smallest emittable tile of each loop: 1, or the vector lanes on vector loops."""
+        """The smallest emittable tile of each loop: 1, or one vector on vector loops."""
         return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
 
     def min_footprint(self) -> float:
@@ -219,9 +221,16 @@ class Space:
         """Usage of `level` with the smallest tiles."""
         return float(level_usage(self.workload, self.hardware, level, self.smallest_tiles()))
 
-    def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int) -> np.ndarray:
-        """Which tiles of loop x nest in the parent tile and suit its vector lanes (see module docstring)."""
+    def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
+        """Which tiles of loop x (at `level`) nest in the parent tile and suit its vector lanes
+        (see module docstring)."""
         extent, lanes = self.workload.dims[x], self.lanes[x]
         tiles, parent = np.asarray(tiles), np.asarray(parent)
         nests = (parent % tiles == 0) | (parent == extent)
-        return (tiles <= parent) & nests & ((tiles % lanes == 0) | (tiles == extent))
+        vector = (tiles % lanes == 0) | (tiles == extent)
+        if level == 0 and lanes > 1:
+            # The register tile's vector loop: a power of two of vectors. TVM scalarises
+            # the packed-layout loads of other widths (48 lanes: ~1000 element inserts).
+            vectors = tiles // lanes
+            vector = ((tiles % lanes == 0) & (vectors & (vectors - 1) == 0)) | ((tiles == extent) & (tiles < lanes))
+        return (tiles <= parent) & nests & vector
