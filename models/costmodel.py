@@ -131,7 +131,8 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
                 steps = steps * counts[y][level]
             total = total + weights[(op.name, name)] * float(np.prod([workload.dims[x] for x in tdims])) * steps
         else:
-            total = total + _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
+            weight = weights.get((op.name, name), 1) if weights else 1
+            total = total + weight * _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
     return total
 
 
@@ -142,7 +143,8 @@ def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, 
     registers; the micro-kernel streams its inputs from L1 at every step. An
     input whose last dim is the output's last (the vectorised loop) is loaded as
     whole vectors (cost 1); any other is broadcast one element per load, each
-    taking a full vector load slot (cost `lanes`). None without SIMD registers.
+    taking a full vector load slot (cost `lanes`). The output tile is stored
+    back whenever it is reloaded (cost 2). None without SIMD registers.
     """
     if not hardware.vector_bytes:
         return None
@@ -152,6 +154,7 @@ def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, 
         vector = workload.tensors[op.output].dims[-1]
         for name in op.inputs:
             weights[(op.name, name)] = 1 if workload.tensors[name].dims[-1] == vector else lanes
+        weights[(op.name, op.output)] = 2
     return weights
 
 
