@@ -16,7 +16,7 @@ from .space import Space
 
 
 ENUMERATE_SHARE = 0.6
-SEED_SECONDS = 2.0  # SIMD CPUs: the search around the best register tiles, then the best plan found
+SEED_SECONDS = 1.2  # SIMD CPUs: the search around the best register tiles, then the best plan found
 
 
 @register("auto")
