@@ -43,11 +43,12 @@ class _Search:
         grid = _grid(space)
         self.grid_mu = memory_usage(space.workload, {x: grid[:, i] for i, x in enumerate(space.loops)})
         self.grid = grid
-        # Candidate tiles that fit each level (level 0 limited to `register_rows` when given).
-        self.rows = [grid[self.grid_mu <= lv.capacity_bytes] for lv in space.hardware.levels]
-        # Registers hold a broadcast element in a whole vector: level 0 has its own usage.
+        # Candidate tiles that fit each level; level 0 by its own usage (SIMD registers hold
+        # accumulators, not blocks), limited to `register_rows` when given.
         self.register_mu = level_usage(space.workload, space.hardware, 0, {x: grid[:, i] for i, x in enumerate(space.loops)})
-        self.rows[0] = grid[self.register_mu <= space.hardware.levels[0].capacity_bytes]
+        levels = space.hardware.levels
+        self.rows = [grid[self.register_mu <= levels[0].capacity_bytes]]
+        self.rows += [grid[self.grid_mu <= lv.capacity_bytes] for lv in levels[1:]]
         if register_rows is not None:
             self.rows[0] = register_rows
             # Outer tiles must leave room for some seed to nest (divisibility is transitive).
@@ -130,7 +131,7 @@ class _Search:
         # Register loads issue with the FMAs: their least time under each child adds to compute.
         registers = sp.register_floor
         if guided and shares:
-            registers = np.maximum(registers, self._inner_floor(1, rows)[None, :]) if level > 0 else registers
+            registers = np.maximum(registers, self._inner_floor(1, rows)[None, :])
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
