@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheRecord, CacheSite, Layout, effective_tiles, input_caches, is_producer, micro_order, output_tile, plan_caches,
+    CacheRecord, CacheSite, Layout, cache_records, effective_tiles, input_caches, is_producer, micro_order, output_tile,
     trips, walk,
 )
 from ..models.costmodel import parallel_candidates, parallel_loops
@@ -37,7 +37,6 @@ class Emitted:
     schedule: s_tir.Schedule
     caches: list[CacheRecord]
     padded: dict[str, int]
-    parallel_loop: str | None
 
 
 class _Nests:
@@ -48,9 +47,8 @@ class _Nests:
         self.workload, self.top, self.loops = workload, top, {}
 
     def get(self, op, pos):
-        if is_producer(self.workload, op) and pos[1] == self.top and pos[0] in self.workload.shared_loops:
-            return self.loops[(self.workload.ops[-1].name, pos)]
-        return self.loops[(op.name, pos)]
+        owner = self.workload.ops[-1] if _outer_shared(self.workload, op, pos, self.top) else op
+        return self.loops[(owner.name, pos)]
 
 
 def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False) -> Emitted:
@@ -73,7 +71,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.compute_at(blocks[op.name], nests.get(consumer, shared_top[-1]), preserve_unit_loops=True)
         _tile(sch, blocks[op.name], workload, orders, op, tiles, padded, nests)
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
-    parallel = _parallelize(sch, workload, plan, hardware, nests)
+    _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
@@ -88,8 +86,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             # The zero-padding copy folds into the first cache that reads it.
             if sch.get_consumers(sch.get_sblock(pad_name(name))):
                 sch.compute_inline(sch.get_sblock(pad_name(name)))
-    records = plan_caches(workload, names, orders, [lv.tile for lv in plan.levels], double_buffer)
-    return Emitted(sch, records, padded, None if parallel is None else f"{parallel[0]}.{names[parallel[1]]}")
+    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer), padded)
 
 
 def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> None:
@@ -112,18 +109,14 @@ def _outer_shared(workload, op, pos, top) -> bool:
     return is_producer(workload, op) and pos[1] == top and pos[0] in workload.shared_loops
 
 
-def _parallelize(sch, workload, plan, hardware, nests: _Nests):
+def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
     """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores."""
     if hardware.cores < 2:
-        return None
+        return
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
-    chosen = None
     for op, (index, count) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
         if int(index) >= 0 and int(count) >= 2:
-            position = parallel_candidates(workload, orders, op)[int(index)]
-            sch.parallel(nests.get(op, position))
-            chosen = chosen or position
-    return chosen
+            sch.parallel(nests.get(op, parallel_candidates(workload, orders, op)[int(index)]))
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
@@ -194,13 +187,12 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes) -
     if outer_reduction:
         # The tile must start from the running sum: zero the output above the first reduction
         # loop and accumulate in place (TensorIR has no read-modify-write cache of a reduction).
-        copies = [sch.decompose_reduction(block, nests.get(op, outer_reduction[0]))]
+        moves = sch.decompose_reduction(block, nests.get(op, outer_reduction[0]))
     else:
-        copies = [sch.cache_write(block, 0, "local")]
+        moves = sch.cache_write(block, 0, "local")
         if key is not None:
-            sch.reverse_compute_at(copies[0], nests.get(op, key), preserve_unit_loops=True)
-    for b in copies:  # zeroing or storing the tile: vector moves along its last dim
-        _vectorize(sch, sch.get_loops(b)[-1], lanes)
+            sch.reverse_compute_at(moves, nests.get(op, key), preserve_unit_loops=True)
+    _vectorize(sch, sch.get_loops(moves)[-1], lanes)  # zeroing or storing the tile: vector moves
 
 
 def _double_buffer(sch, copies) -> None:

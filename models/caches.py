@@ -23,11 +23,11 @@ the register tile, filled at their level-0 key-slice.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from .costmodel import padded_extents
 from .workload import Op, Workload
 
 
@@ -52,13 +52,8 @@ def effective_tiles(workload: Workload, tiles: list[dict[str, int]]) -> tuple[di
     rounded up to a multiple of the largest smaller tile beneath it. Raises
     ValueError unless each tile divides the one above (plans from `tune` do).
     """
-    padded, tiles = {}, [dict(t) for t in tiles]
-    for x, extent in workload.dims.items():
-        below = [t[x] for t in tiles if t[x] < extent]
-        padded[x] = math.ceil(extent / max(below)) * max(below) if below else extent
-        for t in tiles:
-            if t[x] >= extent:
-                t[x] = padded[x]
+    padded = {x: int(v) for x, v in padded_extents(workload, tiles).items()}
+    tiles = [{x: padded[x] if t[x] >= workload.dims[x] else t[x] for x in workload.dims} for t in tiles]
     for j in range(len(tiles)):
         parent = tiles[j + 1] if j + 1 < len(tiles) else padded
         bad = [x for x in workload.dims if parent[x] % tiles[j][x]]
@@ -195,11 +190,18 @@ def attach_name(key: Position | None, names: list[str]) -> str:
 def plan_caches(workload: Workload, level_names: list[str], orders, tiles, double_buffer: bool = False) -> list[CacheRecord]:
     """The cache records of a plan (orders and tiles innermost level first)."""
     padded, tiles = effective_tiles(workload, tiles)
+    return cache_records(workload, level_names, orders, tiles, padded, input_caches(workload, orders, tiles, padded),
+                         double_buffer)
+
+
+def cache_records(workload: Workload, level_names: list[str], orders, tiles, padded, sites: list[CacheSite],
+                  double_buffer: bool) -> list[CacheRecord]:
+    """Records for the input cache `sites` plus each output's register tile (tiles effective)."""
     records = [
         CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
                     layout=s.layout.name(), double_buffer=double_buffer and not s.skipped and s.key is not None,
                     skipped_thrifty=s.skipped)
-        for s in input_caches(workload, orders, tiles, padded)
+        for s in sites
     ]
     for op in workload.ops:
         key, outer_reduction = output_tile(workload, orders, op, tiles, padded)

@@ -307,9 +307,8 @@ def parallel_loops(workload: Workload, orders: Orders, tiles: Tiles, cores: int)
     with most. When that loop encloses the producers, they run inside it (index -1,
     its trips); otherwise each producer picks in its own nest the same way.
     """
-    last = workload.ops[-1]
-    pick, trips = _pick(workload, orders, tiles, cores, parallel_candidates(workload, orders, last))
-    cands = parallel_candidates(workload, orders, last)
+    cands = parallel_candidates(workload, orders, workload.ops[-1])
+    pick, trips = _pick(workload, orders, tiles, cores, cands)
     top = len(orders) - 1
     encloses = np.isin(pick, [i for i, (x, j) in enumerate(cands) if j == top and x in workload.shared_loops])
     result = []
