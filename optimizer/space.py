@@ -142,6 +142,7 @@ class Space:
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
+    _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
@@ -157,9 +158,12 @@ class Space:
         self.lanes = {x: lanes if x in vector_loops(w) else 1 for x in self.loops}
         links = [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels]
         self.register_floor = 0.0
+        self._registers = (None, None)
         if registers_share_issue(hw):
             # Register loads issue with the FMAs: compute + the least register time any tile allows.
-            self.register_floor = self._register_floor()
+            self._registers = self._register_times()
+            times = self._registers[1]
+            self.register_floor = float(np.min(times)) if times is not None and times.size else 0.0
             links = links[1:]
         self.lower_bound = max([self.compute_seconds + self.register_floor] + links)
 
@@ -173,15 +177,10 @@ class Space:
             return None, None
         return rows, np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape) / lv.bandwidth_bytes_per_s
 
-    def _register_floor(self) -> float:
-        """min over register tiles that fit of the register level's single-level bound, in seconds."""
-        rows, times = self._register_times()
-        return float(np.min(times)) if times is not None and times.size else 0.0
-
     def best_register_tiles(self, n: int) -> np.ndarray | None:
         """The n register tiles (rows in `loops` order) with the least compute plus register-load
         floor: where a search on SIMD CPUs looks first."""
-        rows, times = self._register_times()
+        rows, times = self._registers
         if rows is None or not times.size:
             return None
         score = times + compute_seconds(self.workload, self.hardware, None, [rows])
