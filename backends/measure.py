@@ -72,14 +72,25 @@ def numpy_reference(workload: Workload) -> Callable[[dict[str, np.ndarray]], dic
     return run
 
 
+def kernel_args(workload: Workload, arrays: dict[str, np.ndarray]) -> list:
+    """Device tensors in signature order: the given arrays, zeros for the rest (the outputs)."""
+    dev = tvm.cpu()
+    return [tvm.runtime.tensor(arrays[n] if n in arrays else
+                               np.zeros([workload.dims[x] for x in workload.tensors[n].dims], workload.dtype), dev)
+            for n in workload.signature]
+
+
+def time_kernel(lib, args: list, repeat: int = 10) -> float:
+    """Median seconds of `repeat` calls of kernel "main" (after one warm-up), each at least 20 ms of calls."""
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat + 1, min_repeat_ms=20)
+    return statistics.median(timer(*args).results[1:])
+
+
 def run_kernel(workload: Workload, lib, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """Call kernel "main" with the arrays in signature order; returns the outputs."""
-    dev = tvm.cpu()
-    args = {n: tvm.runtime.tensor(arrays[n], dev) if n in arrays else
-            tvm.runtime.tensor(np.zeros([workload.dims[x] for x in workload.tensors[n].dims], workload.dtype), dev)
-            for n in workload.signature}
-    lib["main"](*[args[n] for n in workload.signature])
-    return {n: args[n].numpy() for n in workload.signature if n not in arrays}
+    args = kernel_args(workload, arrays)
+    lib["main"](*args)
+    return {n: a.numpy() for n, a in zip(workload.signature, args) if n not in arrays}
 
 
 def check(workload: Workload, lib, seed: int = 0) -> float:
@@ -129,11 +140,7 @@ def measure(result: TuneResult, plan: Plan | None = None, repeat: int = 10, prog
     report(0.5, "checking against numpy")
     error = check(w, built.lib)
     report(0.6, "timing the kernel")
-    dev = tvm.cpu()
-    args = [tvm.runtime.tensor(arrays[n], dev) if n in arrays else
-            tvm.runtime.tensor(np.zeros([w.dims[x] for x in w.tensors[n].dims], w.dtype), dev) for n in w.signature]
-    timer = built.lib.mod.time_evaluator("main", dev, number=1, repeat=repeat + 1, min_repeat_ms=20)
-    kernel = statistics.median(timer(*args).results[1:])
+    kernel = time_kernel(built.lib, kernel_args(w, arrays), repeat)
     report(1.0, "done")
     return Measurement(
         kernel_gflops=w.flops / kernel / 1e9, numpy_gflops=w.flops / numpy_s / 1e9, ratio=numpy_s / kernel,

@@ -24,7 +24,6 @@ import contextlib
 import json
 import os
 import random
-import statistics
 import sys
 import tempfile
 import time
@@ -40,41 +39,25 @@ def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def _time_kernel(lib, args, repeat=10):
-    import tvm
-
-    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat + 1, min_repeat_ms=20)
-    return statistics.median(timer(*args).results[1:])
-
-
-def _arrays(workload, names, seed=0):
-    import numpy as np
-    import tvm
-
-    rng = np.random.default_rng(seed)
-    return {n: tvm.runtime.tensor(rng.standard_normal([workload.dims[x] for x in workload.tensors[n].dims]).astype(
-        workload.dtype), tvm.cpu()) for n in names}
-
-
 def unfused_gflops(chain, hw, time_limit):
     """Two planned GEMM kernels, C = A B then E = C D, timed back to back."""
     from cachetile import builtin, tune
     from cachetile.backends.build import build
+    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
 
     d = chain.dims
     batch = {"b": d["b"]} if "b" in d else {}
     kind = "batch-gemm" if batch else "gemm"
     g1 = builtin(kind, {**batch, "m": d["m"], "n": d["l"], "k": d["k"]})
     g2 = builtin(kind, {**batch, "m": d["m"], "n": d["n"], "k": d["l"]})
-    total = 0.0
-    c = None
+    total, c = 0.0, None
     for g in (g1, g2):
         lib = build(g, hw, tune(g, hw, time_limit=time_limit, top=0).plan).lib
-        arrays = _arrays(g, ["A", "B", "C"])
+        args = kernel_args(g, random_inputs(g))
         if c is not None:
-            arrays["A"] = c
-        total += _time_kernel(lib, [arrays[n] for n in g.signature])
-        c = arrays["C"]
+            args[0] = c  # E = C D reads the first kernel's output
+        total += time_kernel(lib, args)
+        c = args[-1]
     return chain.flops / total / 1e9
 
 
@@ -102,6 +85,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
 
     from cachetile import tune
     from cachetile.backends.build import build, llvm_target
+    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
     from cachetile.backends.tensorir import primfunc
 
     target = tvm.target.Target(llvm_target(hw))
@@ -111,8 +95,8 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
         result = tune(w, hw, time_limit=time_limit, top=0)
         built = build(w, hw, result.plan)
         ours_s = time.perf_counter() - start
-        args = list(_arrays(w, w.signature).values())
-        ours = w.flops / _time_kernel(built.lib, args) / 1e9
+        args = kernel_args(w, random_inputs(w))
+        ours = w.flops / time_kernel(built.lib, args) / 1e9
         rows.append((name, "cachetile", f"{ours_s:.2f}", f"{ours:.1f}", "1.00", "1.00"))
         for n in trials:
             log(f"metaschedule: {name}, {n} trials")
@@ -124,7 +108,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
                 sch = ms.tir_integration.compile_tir(db, mod, target)
                 lib = tvm.compile(sch.mod, target=target)
                 secs = time.perf_counter() - start
-            gflops = w.flops / _time_kernel(lib, args) / 1e9
+            gflops = w.flops / time_kernel(lib, args) / 1e9
             rows.append((name, f"MetaSchedule {n}", f"{secs:.1f}", f"{gflops:.1f}", f"{secs / ours_s:.0f}",
                          f"{ours / gflops:.2f}"))
     return table(("workload", "method", "seconds to a kernel", "GFLOP/s", "its seconds / ours", "our GFLOP/s / its"),
@@ -158,6 +142,7 @@ def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
 
     from cachetile import make_plan, tune
     from cachetile.backends.build import build
+    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
     from cachetile.optimizer.space import Space
 
     rows = []
@@ -169,12 +154,12 @@ def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
         while len(plans) < n_plans:
             orders, tiles = random_plan(space, rng)
             plans.append(make_plan(w, hw, orders, tiles))
-        args = list(_arrays(w, w.signature).values())
+        args = kernel_args(w, random_inputs(w))
         predicted, measured = [], []
         for i, plan in enumerate(plans):
             log(f"model vs measurement: {name}, plan {i + 1}/{len(plans)}")
             predicted.append(plan.predicted_seconds)
-            measured.append(_time_kernel(build(w, hw, plan).lib, args, repeat=10))
+            measured.append(time_kernel(build(w, hw, plan).lib, args))
         rho = spearmanr(predicted, measured).statistic
         best = min(range(len(plans)), key=lambda i: measured[i])
         rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.2f}", f"{measured[best] * 1e3:.2f}",
