@@ -245,8 +245,8 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         # around the few best register tiles first; the full passes then start from those plans.
         seeds = space.best_register_tiles(REGISTER_SEEDS)
         if seeds is not None:
-            passes.insert(0, (*_ladders(space, seeds), ))
-            passes[0] = (passes[0][0], Deadline(deadline.left() * SEED_SHARE), passes[0][1])
+            around, seeds = _ladders(space, seeds)
+            passes.insert(0, (around, Deadline(deadline.left() * SEED_SHARE), seeds))
     status = "timeout"
     for sp, limit, *seeds in passes:
         search = _Search(sp, limit, best, *seeds)
