@@ -6,6 +6,7 @@
     tune workload FILE.json
     tune hardware [NAME|FILE.json]
     tune gemm ... [--target llvm] [--export DIR] [--measure]   (build the plan's kernel)
+    tune gemm ... --hardware h100 --target cuda --arch sm_90 [--stages N] [--export DIR] [--measure]
     tune pareto [--level NAME] gemm-chain --M 256 ...   (any workload command above)
     tune serve [--host 127.0.0.1] [--port 8000]
 
@@ -93,7 +94,11 @@ def build_parser() -> argparse.ArgumentParser:
     top = _Parser(add_help=False)
     top.add_argument("--top", type=_nonnegative_int, default=3, metavar="K", help="alternatives to list (default 3)")
     top.add_argument("--target", choices=["llvm", "cuda"], help="backend (default: llvm for CPU hardware)")
-    top.add_argument("--export", metavar="DIR", help="write plan.json, schedule.py and kernel.so into DIR")
+    top.add_argument("--export", metavar="DIR",
+                     help="write plan.json, schedule.py and kernel.so (llvm) or kernel.cu and launch.json (cuda) into DIR")
+    top.add_argument("--arch", choices=["sm_70", "sm_80", "sm_90"], default="sm_90", help="CUDA architecture (cuda)")
+    top.add_argument("--stages", type=_number(int, 1), default=None,
+                     help="GPU: buffers per shared-memory input cache (default 2; N > 2 rotates N buffers)")
     top.add_argument("--measure", action="store_true",
                      help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
     top.add_argument("--double-buffer", action="store_true",
@@ -147,6 +152,26 @@ def _pareto(args) -> list[ParetoFront]:
     return fronts
 
 
+def _cuda(args, result):
+    """Export the CUDA kernel and, with --measure, run it against cuBLAS (needs a GPU and CuPy)."""
+    import tempfile
+
+    from ..backends.cuda_build import build_cuda, export_cuda  # TVM loads only when a kernel is wanted
+
+    built = build_cuda(result.workload, result.hardware, result.plan, args.arch)
+    result.plan.caches = built.emitted.caches
+    directory = args.export or tempfile.mkdtemp(prefix="cachetile-")
+    export_cuda(result, directory, args.arch, built)
+    if not args.measure:
+        return None
+    from ..backends.cuda_run import GpuUnavailable, run as run_on_gpu
+
+    try:
+        return run_on_gpu(directory)
+    except GpuUnavailable as exc:
+        raise UsageError(f"--measure for cuda runs the kernel on a GPU: {exc}") from None
+
+
 def run(argv: list[str]) -> int:
     """Parse, solve, print; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -174,13 +199,16 @@ def run(argv: list[str]) -> int:
     hardware = hardware_from(args.hardware)
     target = args.target or ("llvm" if hardware.kind == "cpu" else "cuda")
     backend = args.export is not None or args.measure
-    if backend and (target != "llvm" or hardware.kind != "cpu"):
-        raise UsageError(f"--export and --measure need --target llvm and CPU hardware (got {target} on {hardware.kind})")
+    if (target == "cuda") != (hardware.kind == "gpu"):
+        raise UsageError(f"--target {target} does not build for {hardware.kind} hardware {hardware.name!r} "
+                         f"(llvm is for CPUs, cuda for GPUs)")
     request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
-                          time_limit=args.time_limit, top=args.top)
+                          time_limit=args.time_limit, top=args.top, stages=args.stages)
     result = request.solve()
     measurement = None
-    if backend:
+    if backend and target == "cuda":
+        measurement = _cuda(args, result)
+    elif backend:
         from ..backends.build import build, export  # TVM loads only when a kernel is wanted
 
         built = build(result.workload, result.hardware, result.plan, double_buffer=args.double_buffer)
@@ -200,7 +228,8 @@ def run(argv: list[str]) -> int:
     else:
         print(format_table(result))
         if args.export is not None:
-            print(f"exported plan.json, schedule.py and kernel.so to {args.export}")
+            files = "kernel.cu and launch.json" if target == "cuda" else "kernel.so"
+            print(f"exported plan.json, schedule.py and {files} to {args.export}")
         if measurement is not None:
             print(format_measurement(measurement))
     return 0

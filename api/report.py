@@ -93,7 +93,12 @@ def format_pareto(front: ParetoFront) -> str:
 
 
 def format_measurement(m) -> str:
-    """One line: the kernel's GFLOP/s beside numpy's (a backends.measure.Measurement)."""
+    """One line: the kernel's speed beside numpy's (backends.measure.Measurement) or cuBLAS's
+    (backends.cuda_run.GpuMeasurement)."""
+    if hasattr(m, "cublas_tflops"):
+        return (f"measured on {m.device}: kernel {m.kernel_tflops:.2f} TFLOP/s ({_seconds(m.kernel_seconds)}), cuBLAS "
+                f"{m.cublas_tflops:.2f} TFLOP/s ({_seconds(m.cublas_seconds)}), ratio {m.ratio:.2f}x; "
+                f"max |error| {m.max_abs_error:.2g}")
     return (f"measured: kernel {m.kernel_gflops:.1f} GFLOP/s ({_seconds(m.kernel_seconds)}), numpy "
             f"{m.numpy_gflops:.1f} GFLOP/s ({_seconds(m.numpy_seconds)}), ratio {m.ratio:.2f}x; "
             f"build {m.build_seconds:.2f} s; max |error| {m.max_abs_error:.2g}")

@@ -126,6 +126,7 @@ class PlanRequest(BaseModel):
     solver: SolverName = "auto"
     time_limit: float = Field(10.0, gt=0, allow_inf_nan=False, description="seconds the solver may take")
     top: int = Field(3, ge=0, le=MAX_TOP, description="alternatives to return besides the plan")
+    stages: int | None = Field(None, ge=1, le=8, description="GPU: buffers per shared-memory input cache (default 2)")
 
     def cache_key(self) -> str:
         """A hash of everything the answer depends on (the resolved workload and hardware, the solver options)."""
@@ -135,12 +136,13 @@ class PlanRequest(BaseModel):
             "solver": self.solver,
             "time_limit": self.time_limit,
             "top": self.top,
+            "stages": self.stages,
         }
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
     def solve(self) -> TuneResult:
         """Run the optimizer; raises as `tune` does."""
-        return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top)
+        return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top, self.stages)
 
 
 def document(result: TuneResult) -> str:

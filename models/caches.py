@@ -25,8 +25,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
+from typing import Literal
 
+from pydantic import BaseModel, Field
+
+from . import gpu
 from .costmodel import padded_extents
 from .workload import Op, Workload
 
@@ -40,6 +43,10 @@ class CacheRecord(BaseModel):
     layout: str
     double_buffer: bool
     skipped_thrifty: bool
+    stages: int = Field(1, description="buffers the cache rotates through (GPU multi-buffering)")
+    copy_mode: Literal["blocked", "striped"] | None = Field(
+        None, description="GPU: how a block's threads share the copy (Accera's BLOCKED or STRIPED)"
+    )
 
 
 Position = tuple[str, int]  # (loop, level); level -1 marks the register tile's point loops
@@ -212,14 +219,56 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
     return records
 
 
-def output_tile(workload: Workload, orders, op: Op, tiles, padded) -> tuple[Position | None, list[Position]]:
+def output_tile(workload: Workload, orders, op: Op, tiles, padded, level: int = 0) -> tuple[Position | None, list[Position]]:
     """The output register tile's key-slice, and the reduction positions above it.
 
     With none above, the tile accumulates in registers and is stored once;
-    otherwise it must resume from the running sum in the output.
+    otherwise it must resume from the running sum in the output. On GPUs pass
+    level 1: a thread's tile moves only when the block walk leaves the block.
     """
     out = workload.tensors[op.output].dims
     positions = walk(workload, orders, op)
-    key = key_slice(positions, out, tiles, padded, 0)
+    key = key_slice(positions, out, tiles, padded, level)
     above = positions[: positions.index(key)] if key is not None else []
     return key, [p for p in above if p[0] not in out]
+
+
+def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles, stages: int) -> list[CacheRecord]:
+    """The caches of a GPU plan (orders and tiles innermost level first).
+
+    Each input read from memory is copied cooperatively into shared memory at
+    its level-1 key-slice (the k-tile loop of a GEMM), in `stages` rotating
+    buffers; a chain's intermediate is a single shared block its producer's
+    threads write and its consumer's threads read; outputs accumulate in each
+    thread's registers and are stored when the block walk leaves their block.
+    """
+    padded, tiles = effective_tiles(workload, tiles)
+    threads = int(gpu.threads(workload, workload.ops[-1], tiles))
+    records = []
+    for op in workload.ops:
+        positions = walk(workload, orders, op)
+        for name in op.inputs:
+            tensor = workload.tensors[name]
+            block = [tiles[1][x] for x in tensor.dims]
+            elems = 1
+            for b in block:
+                elems *= b
+            if tensor.role == "intermediate":
+                records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop="producer", stages=1,
+                                           layout="row-major block, written by the producer's threads",
+                                           double_buffer=False, skipped_thrifty=False))
+                continue
+            key = key_slice(positions, tensor.dims, tiles, padded, 1)
+            records.append(CacheRecord(
+                tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
+                layout="row-major block " + "x".join(map(str, block)), double_buffer=stages > 1 and key is not None,
+                skipped_thrifty=False, stages=stages if key is not None else 1,
+                copy_mode=gpu.copy_policy(elems, threads, workload.elem_bytes),
+            ))
+    for op in workload.ops:
+        key, outer_reduction = output_tile(workload, orders, op, tiles, padded, level=1)
+        layout = ("thread tiles; zeroed above the first reduction loop, accumulated in place" if outer_reduction
+                  else "thread tiles (local), stored once")
+        records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
+                                   layout=layout, double_buffer=False, skipped_thrifty=False))
+    return records

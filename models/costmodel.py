@@ -40,6 +40,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from . import gpu
 from .hardware import Hardware
 from .workload import Workload
 
@@ -114,38 +115,47 @@ def _blocks(workload: Workload, tiles: Tiles, lowest: int):
     return blocks, {x: block_counts(b) for x, b in blocks.items()}
 
 
-def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None) -> np.ndarray:
+def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None,
+              local_level: int | None = None, output_level: int | None = None) -> np.ndarray:
     """Elements one op moves into `level`, summed over its inputs and outputs (each times
-    weights[(op name, tensor)] when given)."""
+    weights[(op name, tensor)] when given). Intermediates move only below `local_level`
+    (default: the outermost level); outputs are counted as they move into `output_level`
+    (default: `level`)."""
     n = len(orders)
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
     total = 0.0
-    for name in workload.moved_tensors(op, level, n):
+    for name in workload.moved_tensors(op, level, n - 1 if local_level is None else local_level):
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
         if weights and name in op.inputs:
-            # Streamed into SIMD registers: reloaded at every step of the level's walk.
+            # Streamed into registers: reloaded at every step of the level's walk.
             steps = 1.0
             for y in nont:
                 steps = steps * counts[y][level]
             total = total + weights[(op.name, name)] * float(np.prod([workload.dims[x] for x in tdims])) * steps
         else:
             weight = weights.get((op.name, name), 1) if weights else 1
-            total = total + weight * _tensor_dv(tdims, nont, pos, level, n, blocks, counts)
+            at = level if output_level is None else output_level
+            total = total + weight * _tensor_dv(tdims, nont, pos, at, n, blocks, counts)
     return total
 
 
 def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, str], int] | None:
-    """The SIMD register model: per (op, input), the bytes of load bandwidth an element costs.
+    """The register model: per (op, input), the bytes of load bandwidth an element costs.
 
     On SIMD CPUs only the output's register tile (the accumulators) stays in
     registers; the micro-kernel streams its inputs from L1 at every step. An
     input whose last dim is the output's last (the vectorised loop) is loaded as
     whole vectors (cost 1); any other is broadcast one element per load, each
     taking a full vector load slot (cost `lanes`). The output tile is stored
-    back whenever it is reloaded (cost 2). None without SIMD registers.
+    back whenever it is reloaded (cost 2). On GPUs every thread loads its own
+    fragments from shared memory (cost 1: a broadcast to a warp still issues a
+    load per thread) and stores its outputs once per block move (cost 1).
+    None for CPUs without SIMD registers.
     """
+    if hardware.kind == "gpu":
+        return {(op.name, t): 1 for op in workload.ops for t in [*op.inputs, op.output]}
     if not hardware.vector_bytes:
         return None
     lanes = hardware.vector_bytes // workload.elem_bytes
@@ -159,22 +169,37 @@ def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, 
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
-    Level l depends only on the orders and tiles of levels >= l, so a search may
-    pass outer levels as scalars and one level as candidate arrays. With
-    `hardware`, level 0 (the registers) counts load bandwidth: see register_weights.
+    `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
+    (indices in `levels` count from there). Level l depends only on the orders and
+    tiles of levels >= l, so a search may pass outer levels as scalars and one
+    level as candidate arrays. With `hardware`, the registers (level 0) count load
+    bandwidth: see register_weights (on GPUs threads stream their fragments from
+    shared memory and their accumulators persist through the block's walk, so
+    outputs move as the block walk moves them).
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = _blocks(workload, tiles, min(levels))
-    weights = register_weights(workload, hardware) if hardware is not None else None
+    on_gpu = hardware is not None and hardware.kind == "gpu"
+    weights = None
+    if hardware is not None and offset == 0 and 0 in levels:
+        weights = register_weights(workload, hardware)
+    local = local_level(hardware, len(orders) + offset) - offset
     dv = []
     for level in levels:
-        w = weights if level == 0 else None
-        total = sum(op_volume(workload, op, orders, level, blocks, counts, w) for op in workload.ops)
+        w = weights if level + offset == 0 else None
+        out_level = 1 if on_gpu and level + offset == 0 and len(orders) > 1 else None
+        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level) for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
+
+
+def local_level(hardware: Hardware | None, n_levels: int) -> int:
+    """The level from which a fused chain's intermediates stay inside the kernel: the
+    outermost on CPUs, shared memory (level 1) on GPUs."""
+    return min(1, n_levels - 1) if hardware is not None and hardware.kind == "gpu" else n_levels - 1
 
 
 def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int], weights=None) -> np.ndarray:
@@ -209,10 +234,17 @@ def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int], weigh
     return np.asarray(worst) * workload.elem_bytes
 
 
-def level_usage(workload: Workload, hardware: Hardware, level: int, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
+def level_usage(workload: Workload, hardware: Hardware, level: int, tile: Mapping[str, np.ndarray | int],
+                stages: int = 1) -> np.ndarray:
     """MU of `level` on this hardware. In SIMD registers (see register_weights): per op the
     accumulator tile, plus the vectors of one reduction step of each vector-loaded input,
-    plus one register per broadcast input. Elsewhere memory_usage."""
+    plus one register per broadcast input. On GPUs, level 0 is a thread's registers
+    (gpu.registers) and level 1 a block's shared memory with `stages` buffers per input
+    (gpu.shared_bytes). Elsewhere memory_usage."""
+    if hardware.kind == "gpu" and level < 2:
+        if level == 0:
+            return gpu.registers(workload, tile) * gpu.REGISTER_BYTES
+        return gpu.shared_bytes(workload, tile, stages)
     weights = register_weights(workload, hardware) if level == 0 else None
     if weights is None:
         return memory_usage(workload, tile)
@@ -332,7 +364,7 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
 
 
 def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
-                    tiles: Tiles | None = None) -> np.ndarray:
+                    tiles: Tiles | None = None, stages: int = 1) -> np.ndarray:
     """Time of the arithmetic alone: peak, unless the plan keeps the cores from it.
 
     Without a plan, or on hardware without SIMD registers and one core, that is
@@ -341,7 +373,9 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
     of its output keeps `prod(tile) / lanes` accumulator vectors in flight;
     below FMA_CHAINS the FMA latency, not the pipes, sets the pace, and the op
     runs at that fraction of peak. With several cores, the parallel loop's trips
-    are shared out in rounds of `cores`; a last partial round idles the rest.
+    are shared out in rounds of `cores`; a last partial round idles the rest. On
+    GPUs, blocks run in waves of SMs x resident blocks, and too few resident
+    warps slow the arithmetic (gpu.Launch.slowdown).
     """
     if tiles is None:
         return np.asarray(workload.flops / hardware.peak_flops)
@@ -364,6 +398,8 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)
         total = total + seconds
+    if hardware.kind == "gpu" and len(tiles) > 1:
+        total = total * gpu.launch(workload, hardware, tiles, stages).slowdown(hardware)
     return np.asarray(total)
 
 

@@ -26,6 +26,19 @@ class Level(BaseModel):
     bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
 
 
+class GpuLimits(BaseModel):
+    """Per-SM and per-block limits of a GPU: what occupancy and the launch checks need."""
+
+    model_config = ConfigDict(extra="forbid")
+    sms: int = Field(ge=1, description="streaming multiprocessors")
+    shared_per_sm_bytes: int = Field(gt=0, le=MAX_CAPACITY)
+    registers_per_sm: int = Field(65536, ge=1, description="32-bit registers")
+    max_threads_per_block: int = Field(1024, ge=1)
+    max_threads_per_sm: int = Field(2048, ge=1)
+    max_blocks_per_sm: int = Field(32, ge=1)
+    warp: int = Field(32, ge=1)
+
+
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str
@@ -36,6 +49,9 @@ class Hardware(BaseModel):
     vector_bytes: int | None = Field(
         None, gt=0, description="SIMD register width; the register tile's vector loop is a multiple of it (CPU)"
     )
+    gpu: GpuLimits | None = Field(
+        None, description="GPU only: level 0 is then a thread's registers (bytes), level 1 a block's shared memory"
+    )
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 
     @model_validator(mode="after")
@@ -43,28 +59,35 @@ class Hardware(BaseModel):
         names = [lv.name for lv in self.levels]
         if len(set(names)) != len(names):
             raise ValueError(f"level names must be unique, got {names}")
+        if self.kind == "gpu" and (self.gpu is None or len(self.levels) < 2):
+            raise ValueError("gpu hardware needs 'gpu' limits and at least two levels (registers per thread, "
+                             "shared memory per block)")
+        if self.kind == "cpu" and self.gpu is not None:
+            raise ValueError("'gpu' limits only apply to kind 'gpu'")
         return self
 
 
 # GPU figures: SXM parts, boost clocks. Register and shared-memory fill bandwidths are
 # 128 B/clock/SM (shared-memory bank throughput) times SMs times clock; L2 figures are
-# published microbenchmark results since NVIDIA does not state them.
+# published microbenchmark results since NVIDIA does not state them. The register level
+# is one thread's 255-register limit, the shared level one block's limit (smem), and
+# smem_sm the per-SM pool that occupancy divides.
 _GPU = {
     "h100": dict(
-        sms=132, clock=1.98e9, regs=256 * 1024, smem=227 * 1024, l2=50 * 2**20, l2_bw=7.0e12, hbm=3.35e12,
+        sms=132, clock=1.98e9, smem=227 * 1024, smem_sm=228 * 1024, l2=50 * 2**20, l2_bw=7.0e12, hbm=3.35e12,
         peak=66.9e12,
         source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (SXM5: 132 SMs, 256 KB registers/SM, "
         "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32); L2 ~7 TB/s from "
         "Chips and Cheese's H100 microbenchmarks",
     ),
     "a100": dict(
-        sms=108, clock=1.41e9, regs=256 * 1024, smem=163 * 1024, l2=40 * 2**20, l2_bw=5.1e12, hbm=2.039e12,
+        sms=108, clock=1.41e9, smem=163 * 1024, smem_sm=164 * 1024, l2=40 * 2**20, l2_bw=5.1e12, hbm=2.039e12,
         peak=19.5e12,
         source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (SXM4 80GB: 108 SMs, 256 KB registers/SM, "
         "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32; L2 2.3x V100's)",
     ),
     "v100": dict(
-        sms=80, clock=1.53e9, regs=256 * 1024, smem=96 * 1024, l2=6 * 2**20, l2_bw=2.155e12, hbm=0.9e12,
+        sms=80, clock=1.53e9, smem=96 * 1024, smem_sm=96 * 1024, l2=6 * 2**20, l2_bw=2.155e12, hbm=0.9e12,
         peak=15.7e12,
         source="NVIDIA Tesla V100 GPU Architecture whitepaper (SXM2: 80 SMs, 256 KB registers/SM, 96 KB shared "
         "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32); L2 2155 GB/s from Jia et al., "
@@ -73,18 +96,22 @@ _GPU = {
 }
 
 
+MAX_REGISTERS_PER_THREAD = 255  # every CUDA architecture since Kepler
+
+
 def _gpu(name: str) -> Hardware:
     g = _GPU[name]
     smem_bw = 128 * g["sms"] * g["clock"]
     return Hardware(
         name=name,
         levels=[
-            Level(name="registers", capacity_bytes=g["regs"], bandwidth_bytes_per_s=smem_bw),
+            Level(name="registers", capacity_bytes=MAX_REGISTERS_PER_THREAD * 4, bandwidth_bytes_per_s=smem_bw),
             Level(name="shared", capacity_bytes=g["smem"], bandwidth_bytes_per_s=g["l2_bw"]),
             Level(name="L2", capacity_bytes=g["l2"], bandwidth_bytes_per_s=g["hbm"]),
         ],
         peak_flops=g["peak"],
         kind="gpu",
+        gpu=GpuLimits(sms=g["sms"], shared_per_sm_bytes=g["smem_sm"]),
         source=g["source"],
     )
 

@@ -135,16 +135,16 @@ class Workload(BaseModel):
         """The op's inputs and outputs that are arrays of the kernel (not intermediates)."""
         return [t for t in [*op.inputs, op.output] if self.tensors[t].role != "intermediate"]
 
-    def moved_tensors(self, op: Op, level: int, n_levels: int) -> list[str]:
+    def moved_tensors(self, op: Op, level: int, local_level: int) -> list[str]:
         """The op's tensors whose blocks move into `level` (0 = innermost).
 
-        All of them, except intermediates at the outermost level: the fused kernel
-        keeps an intermediate's outermost-level block in a local buffer, so it
-        never reaches memory, but below that it moves like any other tensor.
+        All of them, except intermediates from `local_level` out: the fused kernel
+        keeps an intermediate's block there in a local buffer (the outermost level
+        on CPUs, shared memory on GPUs), so it never travels further out, but below
+        that it moves like any other tensor.
         """
         return [t for t in [*op.inputs, op.output]
-                if level < n_levels - 1 or self.tensors[t].role != "intermediate"]
-
+                if level < local_level or self.tensors[t].role != "intermediate"]
 
 def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
     """Build `gemm`, `batch-gemm` or `gemm-chain`; a `b` entry in dims adds a batch loop indexing every tensor."""

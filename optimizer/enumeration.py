@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import (
-    compute_seconds, data_volume, level_usage, memory_usage, register_weights, registers_share_issue, single_level_bound,
+    compute_seconds, data_volume, register_weights, registers_share_issue, single_level_bound,
 )
+from ..models.gpu import block_has_warps, slowdown_floor
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
 
@@ -41,14 +42,17 @@ class _Search:
     def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None):
         self.space, self.deadline, self.best = space, deadline, best
         grid = _grid(space)
-        self.grid_mu = memory_usage(space.workload, {x: grid[:, i] for i, x in enumerate(space.loops)})
         self.grid = grid
-        # Candidate tiles that fit each level; level 0 by its own usage (SIMD registers hold
-        # accumulators, not blocks), limited to `register_rows` when given.
-        self.register_mu = level_usage(space.workload, space.hardware, 0, {x: grid[:, i] for i, x in enumerate(space.loops)})
-        levels = space.hardware.levels
-        self.rows = [grid[self.register_mu <= levels[0].capacity_bytes]]
-        self.rows += [grid[self.grid_mu <= lv.capacity_bytes] for lv in levels[1:]]
+        # Candidate tiles that fit each level by its own usage (SIMD registers hold
+        # accumulators, GPU shared memory counts stages), level 0 limited to `register_rows` when given.
+        tile = {x: grid[:, i] for i, x in enumerate(space.loops)}
+        self.mu = [space.usage(j, tile) for j in range(space.n_levels)]
+        self.rows = [grid[mu <= lv.capacity_bytes] for mu, lv in zip(self.mu, space.hardware.levels)]
+        # Rules of one level alone (GPU loops held whole or stepped one by one): applied once here.
+        for j, rows in enumerate(self.rows):
+            extents = np.array([space.workload.dims[x] for x in space.loops])
+            keep = np.logical_and.reduce([space.legal(x, rows[:, i], extents[i], j) for i, x in enumerate(space.loops)])
+            self.rows[j] = rows[keep]
         if register_rows is not None:
             self.rows[0] = register_rows
             # Outer tiles must leave room for some seed to nest (divisibility is transitive).
@@ -79,8 +83,7 @@ class _Search:
                 lv = sp.hardware.levels[level]
                 weights = register_weights(sp.workload, sp.hardware) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / lv.bandwidth_bytes_per_s
-                mu = self.register_mu if level == 0 else self.grid_mu
-                t = np.where(mu <= lv.capacity_bytes, t, np.inf).reshape(shape)
+                t = np.where(self.mu[level] <= lv.capacity_bytes, t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
                 table = t
@@ -105,22 +108,28 @@ class _Search:
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
         sp = self.space
         rows = self.rows[level]
+        on_gpu = sp.hardware.kind == "gpu"
         legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
         rows = rows[np.logical_and.reduce(legal)]
+        tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
+        if on_gpu and level <= 1:
+            ok = sp.launchable([tile, *outer_tiles]) if level == 0 else block_has_warps(sp.workload, sp.hardware, tile)
+            rows = rows[np.broadcast_to(ok, (len(rows),))]
+            tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         if len(rows) == 0:
             return
-        tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         bw = sp.hardware.levels[level].bandwidth_bytes_per_s
-        secs = np.empty((len(sp.orders), len(rows)))
-        for o, order in enumerate(sp.orders):
+        orders = sp.orders[:1] if on_gpu and level == 0 else sp.orders  # a thread's loop order changes nothing
+        secs = np.empty((len(orders), len(rows)))
+        for o, order in enumerate(orders):
             for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
                 if self.deadline.expired():
                     raise _Timeout
                 part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
-                hw = sp.hardware if level == 0 else None  # register load slots only at the true level 0
-                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0], hardware=hw)[0]
+                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
+                                 hardware=sp.hardware, offset=level)[0]
                 secs[o, lo : lo + CHUNK] = dv / bw
-        self.evaluated += len(rows) * len(sp.orders)
+        self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
         # (Skipped until k plans are held: the first dive needs no bound, and when compute
@@ -136,10 +145,13 @@ class _Search:
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
+        if level == 1 and on_gpu:
+            compute = compute * slowdown_floor(sp.workload, sp.hardware, tile, sp.stages)[None, :]
         if level == 0:
             compute = np.stack([
-                np.broadcast_to(compute_seconds(sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles]),
-                                (len(rows),)) for order in sp.orders])
+                np.broadcast_to(compute_seconds(sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles],
+                                                sp.stages),
+                                (len(rows),)) for order in orders])
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -155,10 +167,10 @@ class _Search:
         if level == 0:
             for flat in keep[: self.best.k]:
                 o, r = divmod(int(flat), n_rows)
-                orders = (sp.orders[o], *outer_orders)
+                plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 key = (float(bound.flat[flat]), float(cmax.flat[flat]), float(csum.flat[flat]))
-                self.best.add(Candidate(orders, tiles, key))
+                self.best.add(Candidate(plan_orders, tiles, key))
             return
         for flat in keep:
             if self.deadline.expired():
@@ -184,7 +196,7 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
     power-of-two multiples and divisors-of-the-extent multiples of a seed's tile (so
     they nest), or the whole extent. Seeds are taken best first while the grid stays
     within LADDER_GRID; returns the space and the seeds it serves."""
-    around = Space(space.workload, space.hardware, fine=False)
+    around = Space(space.workload, space.hardware, fine=False, stages=space.stages)
     values = {x: {e} for x, e in space.workload.dims.items()}
     used = 0
     for seed in seeds:
@@ -232,7 +244,7 @@ def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     best = TopK(max(top, 1))
     evaluated = 0
-    coarse = Space(space.workload, space.hardware, fine=False)
+    coarse = Space(space.workload, space.hardware, fine=False, stages=space.stages)
     passes = [(coarse, Deadline(deadline.left() * COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import level_usage
 from .registry import Candidate, Deadline, score
 from .space import Space
 
@@ -27,7 +26,7 @@ def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | 
             below = [v for v in legal[x] if v <= tiles[j][x]]
             tiles[j][x] = int(below[-1] if below else legal[x][0])
         cap = space.hardware.levels[j].capacity_bytes
-        while level_usage(w, space.hardware, j, tiles[j]) > cap:
+        while space.usage(j, tiles[j]) > cap:
             x = max(loops, key=lambda y: tiles[j][y] / smallest[y])
             if tiles[j][x] == smallest[x]:
                 return None
@@ -43,7 +42,7 @@ def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
-        level_usage(space.workload, space.hardware, j, tiles[j]) / lv.capacity_bytes
+        space.usage(j, tiles[j]) / lv.capacity_bytes
         for j, lv in enumerate(space.hardware.levels)
     )
 
@@ -93,7 +92,8 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     """
     loops, n = space.loops, space.n_levels
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
-    for grow in (False, True):
+    # On GPUs fuller shared memory costs resident blocks, so ties are not broken towards it.
+    for grow in (False, True) if space.hardware.kind == "cpu" else (False,):
         for _ in range(rounds):
             if deadline.expired():
                 return best

@@ -31,6 +31,7 @@ import warnings
 
 import numpy as np
 
+from ..models.costmodel import local_level
 from .local import polish, repair
 from .registry import Candidate, Deadline, SolveResult, TopK, register, score
 from .space import Space, order_classes, relaxed_signature
@@ -51,7 +52,7 @@ def _multiplier_levels(space: Space, choice, level: int):
     terms = []
     for op in w.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in choice[j][0] if y in op.loops]
-        for name in w.moved_tensors(op, level, n):
+        for name in w.moved_tensors(op, level, local_level(space.hardware, n)):
             tdims = w.tensors[name].dims
             deepest = max((i for i, (j, y) in enumerate(walk) if y in tdims and y not in choice[j][1]), default=-1)
             factors = []
@@ -183,7 +184,7 @@ def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Dead
 def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
     """(order, single-trip loops) pairs, one per distinct cost formula at a level."""
     seen = {}
-    for order in order_classes(space.workload, key=lambda _, o: o):  # every valid order
+    for order in order_classes(space.workload, key=lambda _, o: o, gpu=space.hardware.kind == "gpu"):  # every valid order
         for r in range(len(space.loops) + 1):
             for fixed in itertools.combinations(space.loops, r):
                 moving = tuple(x for x in order if x not in fixed)

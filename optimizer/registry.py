@@ -13,7 +13,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, level_usage, predicted_seconds
+from ..models.costmodel import compute_seconds, data_volume, predicted_seconds
 from .space import Space
 
 
@@ -77,11 +77,12 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)
     for j, lv in enumerate(hw.levels):
-        feasible &= level_usage(space.workload, hw, j, tiles[j]) <= lv.capacity_bytes
+        feasible &= space.usage(j, tiles[j]) <= lv.capacity_bytes
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
-    predicted, _ = predicted_seconds(hw, compute_seconds(space.workload, hw, orders, tiles), secs)
+    feasible &= space.launchable(tiles)
+    predicted, _ = predicted_seconds(hw, compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
     return predicted, memmax, memsum, feasible
 
 

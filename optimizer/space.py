@@ -31,6 +31,7 @@ import numpy as np
 from ..models.costmodel import (
     check_order, compute_seconds, level_usage, memory_usage, register_weights, registers_share_issue, single_level_bound,
 )
+from ..models.gpu import block_loops, launch
 from ..models.hardware import Hardware
 from ..models.workload import Workload
 
@@ -85,12 +86,17 @@ def relaxed_signature(workload: Workload, order) -> tuple:
     return tuple(sig)
 
 
-def order_classes(workload: Workload, key=order_signature) -> list[tuple[str, ...]]:
-    """One representative order per equivalence class, in a stable order."""
+def order_classes(workload: Workload, key=order_signature, gpu: bool = False) -> list[tuple[str, ...]]:
+    """One representative order per equivalence class, in a stable order. On GPUs the
+    grid's loops (gpu.block_loops) come first: blocks run side by side, and every
+    other loop runs serially inside a block."""
     shared = workload.shared_loops
     private = [x for x in workload.dims if x not in shared]
+    grid = block_loops(workload) if gpu else []
     seen: dict[tuple, tuple[str, ...]] = {}
     for head in itertools.permutations(shared):
+        if gpu and sorted(head[: len(grid)]) != sorted(grid):
+            continue
         for tail in itertools.permutations(private):
             order = head + tail
             seen.setdefault(key(workload, order), order)
@@ -135,20 +141,28 @@ class Space:
     workload: Workload
     hardware: Hardware
     fine: bool = True
+    stages: int = 1  # buffers per shared-memory input cache (GPUs)
     loops: list[str] = field(init=False)
     candidates: dict[str, np.ndarray] = field(init=False)
     orders: list[tuple[str, ...]] = field(init=False)
     compute_seconds: float = field(init=False)
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
+    grid_loops: list[str] = field(init=False)  # loops that may be tiled at levels >= 2
+    thread_step_loops: list[str] = field(init=False)  # GPUs: reductions a thread steps through one by one
     register_floor: float = field(init=False)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
         self.loops = list(w.dims)
-        self.candidates = {x: tile_candidates(e, self.fine) for x, e in w.dims.items()}
-        self.orders = order_classes(w)
+        # GPUs: divisors and powers of two only; odd block shapes waste threads and warps.
+        fine = self.fine and hw.kind != "gpu"
+        self.candidates = {x: tile_candidates(e, fine) for x, e in w.dims.items()}
+        self.orders = order_classes(w, gpu=hw.kind == "gpu")
+        self.grid_loops = block_loops(w) if hw.kind == "gpu" else list(w.dims)
+        outputs = {x for op in w.ops for x in w.tensors[op.output].dims}
+        self.thread_step_loops = [x for x in w.dims if x not in outputs] if hw.kind == "gpu" else []
         self.compute_seconds = w.flops / hw.peak_flops
         # Every level loads each input and output at least once.
         io_bytes = sum(
@@ -218,13 +232,28 @@ class Space:
 
     def level_footprint(self, level: int) -> float:
         """Usage of `level` with the smallest tiles."""
-        return float(level_usage(self.workload, self.hardware, level, self.smallest_tiles()))
+        return float(level_usage(self.workload, self.hardware, level, self.smallest_tiles(), self.stages))
+
+    def usage(self, level: int, tile) -> np.ndarray:
+        """MU of `level` for (arrays of) tiles."""
+        return level_usage(self.workload, self.hardware, level, tile, self.stages)
+
+    def launchable(self, tiles) -> np.ndarray | bool:
+        """GPUs: whether the thread and block tiles (levels 0 and 1) make a valid launch
+        (gpu.launch); True elsewhere."""
+        if self.hardware.kind != "gpu":
+            return True
+        return launch(self.workload, self.hardware, tiles, self.stages).feasible
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
         """Which tiles of loop x (at `level`) nest in the parent tile and suit its vector lanes
-        (see module docstring)."""
+        (see module docstring); on GPUs, loops outside the grid keep the whole extent at levels >= 2."""
         extent, lanes = self.workload.dims[x], self.lanes[x]
         tiles, parent = np.asarray(tiles), np.asarray(parent)
+        if level is not None and level >= 2 and x not in self.grid_loops:
+            return tiles == extent  # GPUs: a block runs its serial loops whole
+        if level == 0 and x in self.thread_step_loops:
+            return tiles == 1  # GPUs: a thread's reduction step changes no cost; take one at a time
         nests = (parent % tiles == 0) | (parent == extent)
         vector = (tiles % lanes == 0) | (tiles == extent)
         if level == 0 and lanes > 1:

@@ -13,6 +13,8 @@ from .space import Space
 
 
 POLISH_SECONDS = 0.3
+DEFAULT_GPU_STAGES = 2
+MAX_STAGES = 8
 
 
 class InfeasibleError(ValueError):
@@ -42,9 +44,12 @@ def tune(
     solver: str = "auto",
     time_limit: float = 10.0,
     top: int = 3,
+    stages: int | None = None,
 ) -> TuneResult:
     """Find the plan minimising predicted_seconds, plus up to `top` alternatives.
 
+    `stages`: buffers per shared-memory input cache on GPUs (default 2, double
+    buffering; N > 2 rotates N buffers); CPUs take 1.
     Raises InfeasibleError when nothing fits, ValueError on bad arguments, and
     RuntimeError when the time limit passes before any feasible plan is found.
     """
@@ -54,8 +59,14 @@ def tune(
         raise ValueError(f"time limit must be > 0 seconds, got {time_limit}")
     if top < 0:
         raise ValueError(f"top must be >= 0, got {top}")
+    if stages is None:
+        stages = DEFAULT_GPU_STAGES if hardware.kind == "gpu" else 1
+    if not 1 <= stages <= MAX_STAGES:
+        raise ValueError(f"stages must be between 1 and {MAX_STAGES}, got {stages}")
+    if stages > 1 and hardware.kind != "gpu":
+        raise ValueError(f"stages apply to GPU shared memory; {hardware.name!r} is a CPU (use --double-buffer)")
     start = time.perf_counter()
-    space = Space(workload, hardware)
+    space = Space(workload, hardware, stages=stages)
     check_capacities(space)
     deadline = Deadline(time_limit)
     result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
@@ -67,7 +78,7 @@ def tune(
     polish_deadline = Deadline(min(deadline.left(), POLISH_SECONDS))
     plans = [polish(space, c, polish_deadline) for c in result.plans]
     plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
-    costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops)) for c in plans[: top + 1]]
+    costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
     return TuneResult(
         workload=workload,
         hardware=hardware,

@@ -11,7 +11,7 @@ def simulate_dv(workload, orders, tiles, level, tensors=None):
     total = 0
     for op in workload.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
-        io = [t for t in workload.moved_tensors(op, level, n) if tensors is None or t in tensors]
+        io = [t for t in workload.moved_tensors(op, level, n - 1) if tensors is None or t in tensors]
         # block[y][j] = (start, size) of y's current level-j block; level n is the whole extent.
         block = {y: {n: (0, e)} for y, e in workload.dims.items()}
         last = {t: None for t in io}

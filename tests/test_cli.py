@@ -51,12 +51,12 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert w["signature"] == ["A", "B", "D", "E"]
     assert w["tensors"]["C"] == {"dims": ["b", "m", "l"], "role": "intermediate"}
     assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
-    assert doc["hardware"] == {**CUSTOM, "kind": "cpu", "cores": 1, "vector_bytes": None}  # defaults filled in
+    assert doc["hardware"] == {**CUSTOM, "kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None}  # defaults filled in
     plan = doc["plan"]
     assert [lp["name"] for lp in plan["levels"]] == ["near", "far"]
     assert {lp["capacity_bytes"] for lp in plan["levels"]} == {4096, 131072}
     assert all(lp["mu_bytes"] <= lp["capacity_bytes"] for lp in plan["levels"])
-    assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "caches"}
+    assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "caches", "launch"} and plan["launch"] is None
     assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "capacity_bytes"}
     assert doc["solver"]["status"] in ("optimal", "feasible") and doc["solver"]["name"] == "auto"
     assert len(doc["alternatives"]) <= 2
@@ -228,11 +228,11 @@ def test_export_and_measure_from_the_command_line(tmp_path):
     assert m["kernel_gflops"] > 0 and m["numpy_gflops"] > 0 and m["max_abs_error"] < 1e-3
 
 
-def test_kernel_flags_need_a_cpu_target(tmp_path):
-    bad("gemm", "--M", "64", "--N", "64", "--K", "64", "--hardware", "h100", "--export", str(tmp_path),
-        match="--export and --measure need --target llvm and CPU hardware (got cuda on gpu)")
+def test_kernel_flags_need_a_matching_target(tmp_path):
+    bad("gemm", "--M", "64", "--N", "64", "--K", "64", "--hardware", "h100", "--target", "llvm", "--export", str(tmp_path),
+        match="--target llvm does not build for gpu hardware 'h100' (llvm is for CPUs, cuda for GPUs)")
     bad("gemm", "--M", "64", "--N", "64", "--K", "64", "--target", "cuda", "--measure",
-        match="need --target llvm")
+        match="--target cuda does not build for cpu hardware 'host'")
 
 
 def test_export_into_a_file_path_is_one_line(tmp_path):
