@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from tvm import s_tir, tirx
 
 from ..models.caches import CacheRecord, effective_tiles, gpu_cache_records, is_producer, key_slice, output_tile, trips, walk
-from ..models.gpu import VECTOR_BYTES, block_loops, copy_policy, threads
+from ..models.gpu import VECTOR_BYTES, block_loops, copy_policy, grid_blocks, threads
 from ..models.hardware import Hardware
 from ..models.plan import Plan
 from ..models.workload import Workload
@@ -46,16 +46,6 @@ class EmittedCuda:
     blocks: int
 
 
-class _Loops:
-    """Loop handles per (op name, (loop, level)); level -1 is the thread tile's points."""
-
-    def __init__(self):
-        self.loops: dict = {}
-
-    def __getitem__(self, key):
-        return self.loops[key]
-
-
 def emit_cuda(workload: Workload, hardware: Hardware, plan: Plan) -> EmittedCuda:
     """Schedule the workload's TensorIR by a GPU plan (see the module docstring)."""
     if hardware.kind != "gpu" or plan.launch is None:
@@ -68,7 +58,7 @@ def emit_cuda(workload: Workload, hardware: Hardware, plan: Plan) -> EmittedCuda
     stages = plan.launch.stages
     sch = s_tir.Schedule(primfunc(workload, padded))
     blocks = {op.name: sch.get_sblock(block_name(workload, op, padded)) for op in workload.ops}
-    loops = _Loops()
+    loops: dict = {}  # (op name, (loop, level)) -> loop handle; level -1 is the thread tile's points
     consumer = workload.ops[-1]
     grid, serial = _consumer_nest(sch, blocks[consumer.name], workload, orders, tiles, padded, loops)
     anchor = serial[-1] if serial else None  # where producers run
@@ -97,10 +87,7 @@ def emit_cuda(workload: Workload, hardware: Hardware, plan: Plan) -> EmittedCuda
     names = {name.split("_")[0] for name in buffered}
     records = [r if r.stages == 1 or r.tensor in names else r.model_copy(update={"stages": 1, "double_buffer": False})
                for r in records]
-    n_blocks = 1
-    for x in block_loops(workload):
-        n_blocks *= padded[x] // tiles[1][x]
-    return EmittedCuda(sch, records, padded, n_threads, n_blocks)
+    return EmittedCuda(sch, records, padded, n_threads, int(grid_blocks(workload, tiles[1])))
 
 
 def _split(sch, loop, x, tiles, padded, first: int) -> list:
@@ -110,7 +97,7 @@ def _split(sch, loop, x, tiles, padded, first: int) -> list:
     return list(zip(levels + [-1], sch.split(loop, factors=factors)))
 
 
-def _consumer_nest(sch, block, workload, orders, tiles, padded, loops: _Loops):
+def _consumer_nest(sch, block, workload, orders, tiles, padded, loops: dict):
     """Tile the last op; returns the blockIdx loop and the serial shared loops producers run in."""
     op = workload.ops[-1]
     top = len(tiles) - 1
@@ -118,16 +105,14 @@ def _consumer_nest(sch, block, workload, orders, tiles, padded, loops: _Loops):
     te_order = list(out) + [x for x in op.loops if x not in out]
     for x, loop in zip(te_order, sch.get_loops(block)[-len(op.loops):]):
         for pos, part in _split(sch, loop, x, tiles, padded, top):
-            loops.loops[(op.name, (x, pos))] = part
+            loops[(op.name, (x, pos))] = part
     grid_loops = block_loops(workload)
     positions = walk(workload, orders, op)
     grid = [p for p in positions if p[0] in grid_loops and p[1] >= 1]
     chain = len(workload.ops) > 1
     shared = [p for p in positions if p[1] >= 1 and p[0] not in grid_loops and chain and p[0] in workload.shared_loops]
     rest = [p for p in positions if p[1] >= 1 and p not in grid and p not in shared]
-    thread = [(x, 0) for x in out]
-    steps = [(x, 0) for x in op.loops if x not in out]
-    points = [(x, -1) for x in op.loops if x not in out] + [(x, -1) for x in out]
+    thread, steps, points = _inner_positions(workload, op)
     if shared:
         # Producers run inside the shared loops, so the consumer's threads start below them.
         order = grid + shared + thread + rest + steps + points
@@ -139,13 +124,22 @@ def _consumer_nest(sch, block, workload, orders, tiles, padded, loops: _Loops):
     tx = sch.fuse(*[loops[(op.name, p)] for p in thread])
     sch.bind(tx, "threadIdx.x")
     for p in grid:
-        loops.loops[(op.name, p)] = bx
+        loops[(op.name, p)] = bx
     for p in thread:
-        loops.loops[(op.name, p)] = tx
+        loops[(op.name, p)] = tx
     return bx, [loops[(op.name, p)] for p in shared]
 
 
-def _producer_nest(sch, block, workload, op, orders, tiles, padded, loops: _Loops) -> None:
+def _inner_positions(workload, op):
+    """Per op: the thread positions (output dims at level 0), the thread's reduction steps,
+    and the thread tile's points (reductions outermost)."""
+    out = workload.tensors[op.output].dims
+    steps = [(x, 0) for x in op.loops if x not in out]
+    points = [(x, -1) for x in op.loops if x not in out] + [(x, -1) for x in out]
+    return [(x, 0) for x in out], steps, points
+
+
+def _producer_nest(sch, block, workload, op, orders, tiles, padded, loops: dict) -> None:
     """Tile a chain producer computed inside the consumer's shared loops: threads over its
     output block, its own reductions serial inside."""
     out = workload.tensors[op.output].dims
@@ -153,21 +147,19 @@ def _producer_nest(sch, block, workload, op, orders, tiles, padded, loops: _Loop
     for x, loop in zip(te_order, sch.get_loops(block)[-len(op.loops):]):
         inner = x in workload.shared_loops  # the shared loops' outer levels belong to the consumer
         for pos, part in _split(sch, loop, x, tiles, padded, 0 if inner else len(tiles) - 1):
-            loops.loops[(op.name, (x, pos))] = part
+            loops[(op.name, (x, pos))] = part
     positions = walk(workload, orders, op)
     rest = [p for p in positions if p[1] >= 1 and p[0] not in workload.shared_loops]
-    thread = [(x, 0) for x in out]
-    steps = [(x, 0) for x in op.loops if x not in out]
-    points = [(x, -1) for x in op.loops if x not in out] + [(x, -1) for x in out]
+    thread, steps, points = _inner_positions(workload, op)
     sch.reorder(*[loops[(op.name, p)] for p in thread + rest + steps + points])
     tx = sch.fuse(*[loops[(op.name, p)] for p in thread])
     sch.bind(tx, "threadIdx.x")
     for p in thread:
-        loops.loops[(op.name, p)] = tx
+        loops[(op.name, p)] = tx
     # The consumer's grid and shared positions stand for the producer's outer ones.
     for p in positions:
-        if (op.name, p) not in loops.loops:
-            loops.loops[(op.name, p)] = loops.loops[(workload.ops[-1].name, p)]
+        if (op.name, p) not in loops:
+            loops[(op.name, p)] = loops[(workload.ops[-1].name, p)]
 
 
 def _read_index(sch, block, buffer_name: str) -> int:
@@ -253,7 +245,7 @@ def _below(sch, block, loop):
 
 def _unroll_points(sch, loops, workload, op) -> None:
     budget = UNROLL_LIMIT
-    for x in reversed([x for x in op.loops]):
+    for x in reversed(op.loops):
         loop = loops[(op.name, (x, -1))]
         extent = sch.get(loop).extent
         if not isinstance(extent, tirx.IntImm) or extent.value > budget:
