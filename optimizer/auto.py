@@ -3,39 +3,33 @@
 On SIMD CPUs the register tile decides most of the time and full enumeration
 rarely proves optimality within seconds (the lower bound assumes the best
 register tile with ideal outer levels), so `auto` first searches around the
-best register tiles (enumeration.seeded) for at most SEED_SECONDS and returns
+best register tiles (enumeration.seeded) for at most budget.SEED_SECONDS and returns
 the best plan found there (`feasible`, or `optimal` within the gap of the lower
 bound); `enumerate` itself still searches the whole space. On GPUs `auto`
-is enumerate stopped after GPU_SECONDS.
+is enumerate stopped after budget.GPU_SECONDS.
 """
 from __future__ import annotations
 
 from ..models.costmodel import registers_share_issue
+from . import budget
 from .enumeration import seeded
 from .registry import SOLVERS, Deadline, SolveResult, TopK, register
 from .space import Space
 
 
-ENUMERATE_SHARE = 0.6
-SEED_SECONDS = 1.2  # SIMD CPUs: the search around the best register tiles, then the best plan found
-# GPUs: many launches come within a few percent of each other (wave quantisation), so proving
-# the best takes long; enumerate's best plan after this long is returned.
-GPU_SECONDS = 1.5
-
 
 @register("auto")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     if space.hardware.kind == "gpu":
-        result = SOLVERS["enumerate"](space, Deadline(min(deadline.left(), GPU_SECONDS)), top)
+        result = SOLVERS["enumerate"](space, Deadline(min(deadline.left(), budget.GPU_SECONDS)), top)
         if result.plans and result.status == "timeout":
             return SolveResult("feasible", result.plans, result.evaluated)
         return result
     if registers_share_issue(space.hardware):
-        fast = seeded(space, Deadline(min(deadline.left() * ENUMERATE_SHARE, SEED_SECONDS)), top)
+        fast = seeded(space, Deadline(min(deadline.left() * budget.ENUMERATE_SHARE, budget.SEED_SECONDS)), top)
         if fast.plans:
             return SolveResult("optimal" if fast.status == "optimal" else "feasible", fast.plans, fast.evaluated)
-    # Enumeration is exact and usually fastest; keep a share of the budget for the NLP fallback.
-    first = Deadline(max(deadline.left() * ENUMERATE_SHARE, 0.0))
+    first = Deadline(max(deadline.left() * budget.ENUMERATE_SHARE, 0.0))
     result = SOLVERS["enumerate"](space, first, top)
     if result.status != "timeout" or deadline.left() <= 0.1:
         return result

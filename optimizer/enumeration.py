@@ -19,6 +19,7 @@ from ..models.costmodel import (
     compute_seconds, data_volume, register_weights, registers_share_issue, single_level_bound,
 )
 from ..models.gpu import block_has_warps, slowdown_floor
+from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
 
@@ -186,8 +187,6 @@ class _Search:
             )
 
 
-COARSE_SHARE = 0.25  # of the time limit, for the coarse pass that finds incumbents
-SEED_SHARE = 0.3  # of the time limit, for the pass around the best register tiles (SIMD CPUs)
 REGISTER_SEEDS = 16
 
 
@@ -245,7 +244,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     best = TopK(max(top, 1))
     evaluated = 0
     coarse = Space(space.workload, space.hardware, fine=False, stages=space.stages)
-    passes = [(coarse, Deadline(deadline.left() * COARSE_SHARE)), (space, deadline)]
+    passes = [(coarse, Deadline(deadline.left() * budget.COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing
     if coarse.grid_size() > GRID_MAX:
@@ -258,7 +257,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         seeds = space.best_register_tiles(REGISTER_SEEDS)
         if seeds is not None:
             around, seeds = _ladders(space, seeds)
-            passes.insert(0, (around, Deadline(deadline.left() * SEED_SHARE), seeds))
+            passes.insert(0, (around, Deadline(deadline.left() * budget.SEED_SHARE), seeds))
     status = "timeout"
     for sp, limit, *seeds in passes:
         search = _Search(sp, limit, best, *seeds)

@@ -32,6 +32,7 @@ import warnings
 import numpy as np
 
 from ..models.costmodel import local_level
+from . import budget
 from .local import polish, repair
 from .registry import Candidate, Deadline, SolveResult, TopK, register, score
 from .space import Space, order_classes, relaxed_signature
@@ -178,7 +179,7 @@ def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Dead
         cand = Candidate(tuple(orders), tuple(tuple(t[x] for x in space.loops) for t in tiles), (float(pred), float(mmax), float(msum)))
         if best is None or cand.key < best.key:
             best = cand
-    return None if best is None else polish(space, best, Deadline(min(deadline.left(), 0.2)), rounds=10)
+    return None if best is None else polish(space, best, Deadline(min(deadline.left(), budget.ROUND_POLISH_SECONDS)), rounds=10)
 
 
 def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:

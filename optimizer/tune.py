@@ -6,13 +6,12 @@ import time
 from ..models.hardware import Hardware
 from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
-from . import auto, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
+from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import polish
 from .registry import SOLVERS, Deadline, SolveResult
 from .space import Space
 
 
-POLISH_SECONDS = 0.3
 DEFAULT_GPU_STAGES = 2
 MAX_STAGES = 8
 
@@ -74,8 +73,7 @@ def tune(
         if result.status == "infeasible":
             raise InfeasibleError(result.message or "no tiling fits the level capacities")
         raise RuntimeError(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
-    # Polishing only breaks ties and trims data movement: give it a short slice of the budget.
-    polish_deadline = Deadline(min(deadline.left(), POLISH_SECONDS))
+    polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
     plans = [polish(space, c, polish_deadline) for c in result.plans]
     plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
