@@ -16,21 +16,24 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-from pydantic import ValidationError
-
+from ..backends.base import BuildOptions, backend_for, names as backend_names
+from ..backends.cuda import ARCHES
+from ..models.errors import InvalidInput
 from ..models.hardware import PRESETS, hardware_from, read_json
-from ..models.workload import DTYPE_BYTES, Workload, builtin, workload_from_dict
+from ..models.workload import DTYPE_BYTES, KINDS, Workload, builtin, workload_from_dict
 from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
+from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
 from .report import format_hardware, format_measurement, format_pareto, format_table
-from .request import PlanRequest, document, one_line
+from .request import PlanRequest, document
 
 
-class UsageError(Exception):
-    """Bad input: reported on one line with exit status 2."""
+class UsageError(InvalidInput):
+    """Bad command-line input: reported on one line with exit status 2."""
 
 
 class _Parser(argparse.ArgumentParser):
@@ -59,25 +62,25 @@ _nonnegative_int = _number(int, 0)
 _positive_float = _number(float, 0, inclusive=False)
 
 
+def _flag(loop: str) -> str:
+    """The CLI flag of a loop: --batch for b, else the upper-cased name (--M for m)."""
+    return "--batch" if loop == "b" else f"--{loop.upper()}"
+
+
 def _add_workloads(sub, parents: list[argparse.ArgumentParser]) -> None:
-    """The workload commands (gemm, batch-gemm, gemm-chain, workload), each with `parents`' flags."""
-    g = sub.add_parser("gemm", parents=parents, help="C[m,n] = A[m,k] B[k,n]")
-    for d in "MNK":
-        g.add_argument(f"--{d}", type=_positive_int, required=True)
-    g.add_argument("--batch", type=_positive_int, help="adds a batch loop b indexing every tensor")
-    bg = sub.add_parser("batch-gemm", parents=parents, help="C[b,m,n] = A[b,m,k] B[b,k,n]")
-    bg.add_argument("--batch", type=_positive_int, required=True)
-    for d in "MNK":
-        bg.add_argument(f"--{d}", type=_positive_int, required=True)
-    c = sub.add_parser("gemm-chain", parents=parents, help="C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]")
-    c.add_argument("--M", type=_positive_int, required=True)
-    for d in "NKL":
-        c.add_argument(f"--{d}", type=_positive_int, help="defaults to M")
-    c.add_argument("--batch", type=_positive_int, help="adds a batch loop b indexing every tensor")
+    """One command per kind of models.workload.KINDS, plus `workload FILE`, each with `parents`' flags."""
+    for kind in KINDS.values():
+        p = sub.add_parser(kind.name, parents=parents, help=kind.summary)
+        for x in kind.loops:
+            default = kind.defaults.get(x)
+            p.add_argument(_flag(x), dest=x, type=_positive_int, required=default is None,
+                           help=f"defaults to {default.upper()}" if default else None)
+        p.add_argument(_flag("b"), dest="b", type=_positive_int, required=kind.batch == "required",
+                       help="a batch loop b indexing every tensor")
+        p.set_defaults(kind=kind.name)
     wl = sub.add_parser("workload", parents=parents, help="a workload from a JSON file")
     wl.add_argument("file")
-    for name, parser in (("gemm", g), ("batch-gemm", bg), ("gemm-chain", c), ("workload", wl)):
-        parser.set_defaults(kind=name)
+    wl.set_defaults(kind="workload")
 
 
 def _capacities(text: str) -> list[int]:
@@ -93,10 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     solve.add_argument("--json", action="store_true", help="print one JSON document instead of a table")
     top = _Parser(add_help=False)
     top.add_argument("--top", type=_nonnegative_int, default=3, metavar="K", help="alternatives to list (default 3)")
-    top.add_argument("--target", choices=["llvm", "cuda"], help="backend (default: llvm for CPU hardware)")
+    top.add_argument("--target", choices=backend_names(), help="backend (default: the hardware's, llvm for CPUs, cuda for GPUs)")
     top.add_argument("--export", metavar="DIR",
                      help="write plan.json, schedule.py and kernel.so (llvm) or kernel.cu and launch.json (cuda) into DIR")
-    top.add_argument("--arch", choices=["sm_70", "sm_80", "sm_90"], default="sm_90", help="CUDA architecture (cuda)")
+    top.add_argument("--arch", choices=ARCHES, default="sm_90", help="CUDA architecture (cuda)")
     top.add_argument("--stages", type=_number(int, 1), default=None,
                      help="GPU: buffers per shared-memory input cache (default 2; N > 2 rotates N buffers)")
     top.add_argument("--measure", action="store_true",
@@ -120,6 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1", help="default 127.0.0.1")
     sv.add_argument("--port", type=_number(int, 0), default=8000, help="default 8000")
     sv.add_argument("--cache", metavar="PATH", help="SQLite plan cache (default $CACHETILE_CACHE or ~/.cache/cachetile/plans.sqlite)")
+    sv.add_argument("--exports", metavar="DIR", help="where jobs write their kernels (default: exports/ beside the cache)")
     sv.add_argument("--workers", type=_positive_int, help="solver processes at once (default: CPU count)")
     sv.add_argument("--max-time-limit", type=_positive_float, default=60.0, metavar="S",
                     help="largest time_limit a request may ask for (default 60)")
@@ -130,12 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
 def _workload(args) -> Workload:
     if args.kind == "workload":
         return workload_from_dict(read_json(args.file))
-    if args.kind == "gemm-chain":
-        dims = {"m": args.M, "n": args.N or args.M, "k": args.K or args.M, "l": args.L or args.M}
-    else:
-        dims = {"m": args.M, "n": args.N, "k": args.K}
-    if args.batch is not None:
-        dims["b"] = args.batch
+    kind = KINDS[args.kind]
+    dims = {x: getattr(args, x) for x in ["b", *kind.loops] if getattr(args, x) is not None}
     return builtin(args.kind, dims, args.dtype)
 
 
@@ -150,26 +150,6 @@ def _pareto(args) -> list[ParetoFront]:
                 time_limit=args.time_limit, progress=scaled(bar, i / len(levels), (i + 1) / len(levels)),
             ))
     return fronts
-
-
-def _cuda(args, result):
-    """Export the CUDA kernel and, with --measure, run it against cuBLAS (needs a GPU and CuPy)."""
-    import tempfile
-
-    from ..backends.cuda_build import build_cuda, export_cuda  # TVM loads only when a kernel is wanted
-
-    built = build_cuda(result.workload, result.hardware, result.plan, args.arch)
-    result.plan.caches = built.emitted.caches
-    directory = args.export or tempfile.mkdtemp(prefix="cachetile-")
-    export_cuda(result, directory, args.arch, built)
-    if not args.measure:
-        return None
-    from ..backends.cuda_run import GpuUnavailable, run as run_on_gpu
-
-    try:
-        return run_on_gpu(directory)
-    except GpuUnavailable as exc:
-        raise UsageError(f"--measure for cuda runs the kernel on a GPU: {exc}") from None
 
 
 def run(argv: list[str]) -> int:
@@ -197,60 +177,56 @@ def run(argv: list[str]) -> int:
             print("\n\n".join(format_pareto(f) for f in fronts))
         return 0
     hardware = hardware_from(args.hardware)
-    target = args.target or ("llvm" if hardware.kind == "cpu" else "cuda")
-    backend = args.export is not None or args.measure
-    if (target == "cuda") != (hardware.kind == "gpu"):
-        raise UsageError(f"--target {target} does not build for {hardware.kind} hardware {hardware.name!r} "
-                         f"(llvm is for CPUs, cuda for GPUs)")
+    backend = backend_for(hardware, args.target)
     request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
                           time_limit=args.time_limit, top=args.top, stages=args.stages)
     result = request.solve()
-    measurement = None
-    if backend and target == "cuda":
-        measurement = _cuda(args, result)
-    elif backend:
-        from ..backends.build import build, export  # TVM loads only when a kernel is wanted
-
-        built = build(result.workload, result.hardware, result.plan, double_buffer=args.double_buffer)
+    measurement, exported = None, None
+    if args.export is not None or args.measure:
+        options = BuildOptions(double_buffer=args.double_buffer, arch=args.arch)
+        built = backend.build(result.workload, result.hardware, result.plan, options)
         result.plan.caches = built.emitted.caches  # what was emitted, double buffers included
         if args.export is not None:
-            export(result, args.export, built)
+            exported = backend.export(result, args.export, options, built)
         if args.measure:
-            from ..backends.measure import measure
-
             with progress_bar("measure") as bar:
-                measurement = measure(result, built=built, progress=bar)
+                measurement = backend.measure(result, built=built, progress=bar, options=options)
     if args.json:
         doc = json.loads(document(result))
         if measurement is not None:
             doc["measurement"] = measurement.model_dump()
+        if exported is not None:
+            doc["export"] = exported.model_dump()
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(result))
-        if args.export is not None:
-            files = "kernel.cu and launch.json" if target == "cuda" else "kernel.so"
-            print(f"exported plan.json, schedule.py and {files} to {args.export}")
+        if exported is not None:
+            print(f"exported {', '.join(exported.files)} to {exported.directory}" +
+                  "".join(f"; {c}" for c in exported.checks))
         if measurement is not None:
             print(format_measurement(measurement))
     return 0
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; every error is one line on stderr, with the exit status api/errors.py gives
+    its kind (2 for bad input). CACHETILE_DEBUG=1 re-raises unexpected errors with a traceback."""
     argv = sys.argv[1:] if argv is None else argv
     try:
         return run(argv)
-    except UsageError as exc:
-        print(f"tune: error: {exc}", file=sys.stderr)
-        return 2
-    except (ValueError, ValidationError) as exc:  # bad workload, hardware or an infeasible problem
+    except KeyboardInterrupt:
+        print("tune: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # --export into a path that cannot be written, an unreadable file
         print(f"tune: error: {one_line(exc)}", file=sys.stderr)
         return 2
-    except OSError as exc:  # --export into a path that cannot be written
-        print(f"tune: error: {exc}", file=sys.stderr)
-        return 2
-    except RuntimeError as exc:  # the time limit passed before any plan was found
-        print(f"tune: error: {exc}", file=sys.stderr)
-        return 1
+    except Exception as exc:
+        kind = kind_of(exc)
+        if kind == "internal" and os.environ.get("CACHETILE_DEBUG"):
+            raise
+        prefix = "internal error: " if kind == "internal" else ""
+        print(f"tune: error: {prefix}{one_line(exc)}", file=sys.stderr)
+        return exit_status(kind)
 
 
 if __name__ == "__main__":

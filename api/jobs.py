@@ -1,19 +1,26 @@
-"""Jobs: plan, then build and measure each plan with TVM, in the background with progress.
+"""Jobs: plan, then build, export and measure each plan, in the background with progress.
 
-A job's plan comes from PlanService (cache or solve); measuring runs in its
-own one-process pool, so timings never share the CPU with each other. Jobs
-live in memory: they do not survive a restart (plans do, in the cache).
+A job's plan comes from PlanService (cache or solve); building and measuring
+run in their own one-process pool, so timings never share the CPU with each
+other. Each plan goes through the hardware's backend: exported into the
+job's folder (CUDA source is checked with nvcc where it is installed), and
+measured where this machine can run it; a GPU job on a server without a GPU
+is done with its exports and a note saying why it was not measured. Jobs live
+in memory: they do not survive a restart (plans do, in the cache).
 """
 from __future__ import annotations
 
 import asyncio
-import math
+import shutil
 import time
 import uuid
+from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
+from ..models.errors import InvalidInput
+from ..models.measurement import Export, Measurement
 from ..models.plan import TuneResult
 from . import worker
 from .plans import PlanService
@@ -28,24 +35,26 @@ MAX_MEASURE_BYTES = 2**30  # measuring allocates every tensor, twice (kernel and
 
 
 class JobRequest(PlanRequest):
-    measure: bool = Field(True, description="build and time the plan and each alternative on the server's CPU")
+    measure: bool = Field(True, description="build, export and time the plan and each alternative on the server "
+                          "(GPU plans are exported and checked only, unless the server has a GPU)")
     repeat: int = Field(10, ge=10, le=1000, description="timing runs per kernel (median reported)")
 
     @model_validator(mode="after")
     def _small_enough_to_measure(self) -> JobRequest:
         w = self.workload
-        size = sum(math.prod(w.dims[x] for x in t.dims) for t in w.tensors.values()) * w.elem_bytes
+        size = int(sum(w.size(n) for n in w.tensors)) * w.elem_bytes
         if self.measure and size > MAX_MEASURE_BYTES:
-            raise ValueError(f"measuring needs {size} bytes of tensors, more than {MAX_MEASURE_BYTES}; "
+            raise InvalidInput(f"measuring needs {size} bytes of tensors, more than {MAX_MEASURE_BYTES}; "
                              "ask with measure false for the plan alone")
         return self
 
 
 class JobResult(BaseModel):
     plan: TuneResult = Field(description="the document `tune --json` prints")
-    measurements: list[dict[str, float]] | None = Field(
-        None, description="per plan, then per alternative: kernel_gflops, numpy_gflops, ratio, max_abs_error, "
-        "build_seconds, kernel_seconds, numpy_seconds; null when not measured")
+    measurements: list[Measurement] | None = Field(
+        None, description="per plan, then per alternative; null when not measured (see note)")
+    exports: list[Export] | None = Field(None, description="per plan, then per alternative: the files written")
+    note: str | None = Field(None, description="why the plans were exported but not measured, when they were not")
 
 
 class Job(BaseModel):
@@ -60,8 +69,8 @@ class Job(BaseModel):
 
 
 class JobService:
-    def __init__(self, plans: PlanService, measure_pool: ProcessPool):
-        self.plans, self.pool = plans, measure_pool
+    def __init__(self, plans: PlanService, measure_pool: ProcessPool, exports: Path):
+        self.plans, self.pool, self.exports = plans, measure_pool, Path(exports)
         self.jobs: dict[str, Job] = {}
         self._tasks: dict[str, asyncio.Task] = {}
 
@@ -98,17 +107,17 @@ class JobService:
         plan_request = PlanRequest(**{name: getattr(request, name) for name in PlanRequest.model_fields})
         try:
             doc, _ = await self.plans.get(plan_request)
-            measurements = None
+            built = {}
             if request.measure:
-                self._progress(job, PLAN_SHARE, "measuring")
-                measurements = await self.pool.run(
-                    worker.measure_plans, doc, request.repeat,
+                self._progress(job, PLAN_SHARE, "building")
+                built = await self.pool.run(
+                    worker.build_plans, doc, request.repeat, str(self.exports / job.id),
                     progress=scaled(lambda f, m: self._progress(job, f, m), PLAN_SHARE, 1.0),
                 )
         except WorkerError as exc:
             self._finish(job, "failed", exc.kind, str(exc))
             return
-        job.result = JobResult(plan=TuneResult.model_validate_json(doc), measurements=measurements)
+        job.result = JobResult(plan=TuneResult.model_validate_json(doc), **built)
         job.fraction = 1.0
         self._finish(job, "done", "done")
 
@@ -116,3 +125,4 @@ class JobService:
         finished = [j for j in self.jobs.values() if j.finished is not None]
         for job in sorted(finished, key=lambda j: j.finished)[: max(0, len(finished) - KEEP)]:
             del self.jobs[job.id]
+            shutil.rmtree(self.exports / job.id, ignore_errors=True)

@@ -12,36 +12,18 @@ import multiprocessing as mp
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from .errors import kind_of, one_line
 from .progress import Progress
-from .request import one_line
 
 PRELOAD = ["cachetile.api.worker"]
 
 
 class WorkerError(Exception):
-    """The work failed: `kind` is invalid, infeasible, no-plan, too-large, unavailable, mismatch, timeout or internal."""
+    """The work failed: `kind` is one of api/errors.STATUS (invalid, infeasible, no-plan, build-failed, ...)."""
 
     def __init__(self, kind: str, message: str):
         super().__init__(message)
         self.kind = kind
-
-
-def _classify(exc: BaseException) -> str:
-    from ..optimizer.tune import InfeasibleError
-
-    if isinstance(exc, InfeasibleError):
-        return "infeasible"
-    if isinstance(exc, ImportError):
-        return "unavailable"
-    if isinstance(exc, MemoryError):
-        return "too-large"
-    if isinstance(exc, ValueError):  # pydantic's ValidationError included
-        return "invalid"
-    if isinstance(exc, RuntimeError):  # the time limit passed before any plan was found
-        return "no-plan"
-    if isinstance(exc, AssertionError):  # a built kernel disagreed with numpy
-        return "mismatch"
-    return "internal"
 
 
 def _child(conn, fn: Callable, args: tuple) -> None:
@@ -51,7 +33,7 @@ def _child(conn, fn: Callable, args: tuple) -> None:
     try:
         conn.send(("ok", fn(*args, progress=progress)))
     except BaseException as exc:  # everything goes back to the parent as one line
-        conn.send(("error", _classify(exc), one_line(exc) or type(exc).__name__))
+        conn.send(("error", kind_of(exc), one_line(exc)))
     finally:
         conn.close()
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from ..models.hardware import Hardware
+from ..models.measurement import Measurement
 from ..models.plan import TuneResult
 from ..optimizer.pareto import ParetoFront
 
@@ -92,13 +93,9 @@ def format_pareto(front: ParetoFront) -> str:
     return "\n".join([f"level {front.level}: least DV for each capacity (* on the Pareto front)", *_rows(rows)])
 
 
-def format_measurement(m) -> str:
-    """One line: the kernel's speed beside numpy's (backends.measure.Measurement) or cuBLAS's
-    (backends.cuda_run.GpuMeasurement)."""
-    if hasattr(m, "cublas_tflops"):
-        return (f"measured on {m.device}: kernel {m.kernel_tflops:.2f} TFLOP/s ({_seconds(m.kernel_seconds)}), cuBLAS "
-                f"{m.cublas_tflops:.2f} TFLOP/s ({_seconds(m.cublas_seconds)}), ratio {m.ratio:.2f}x; "
-                f"max |error| {m.max_abs_error:.2g}")
-    return (f"measured: kernel {m.kernel_gflops:.1f} GFLOP/s ({_seconds(m.kernel_seconds)}), numpy "
-            f"{m.numpy_gflops:.1f} GFLOP/s ({_seconds(m.numpy_seconds)}), ratio {m.ratio:.2f}x; "
-            f"build {m.build_seconds:.2f} s; max |error| {m.max_abs_error:.2g}")
+def format_measurement(m: Measurement) -> str:
+    """One line: the kernel's speed beside its reference's (numpy or cuBLAS)."""
+    build = f"; build {m.build_seconds:.2f} s" if m.build_seconds is not None else ""
+    return (f"measured on {m.device}: kernel {_si(m.kernel_gflops * 1e9, 'FLOP/s')} ({_seconds(m.kernel_seconds)}), "
+            f"{m.reference} {_si(m.reference_gflops * 1e9, 'FLOP/s')} ({_seconds(m.reference_seconds)}), "
+            f"ratio {m.ratio:.2f}x{build}; max |error| {m.max_abs_error:.2g}")

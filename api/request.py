@@ -7,80 +7,47 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
 
+from ..models.errors import InvalidInput
 from ..models.hardware import PRESETS, Hardware, preset
 from ..models.plan import TuneResult
-from ..models.workload import MAX_EXTENT, Dtype, Workload, builtin
+from ..models.workload import KINDS, MAX_EXTENT, Dtype, Kind, Workload, builtin
 from ..optimizer.tune import SOLVERS, tune
+from .errors import one_line
 
 MAX_TOP = 100
 
-
-def describe(errors) -> str:
-    """pydantic's list of errors as one line: `field.path: message; ...`."""
-    parts = []
-    for err in errors:
-        where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts)
-
-
-def one_line(exc: Exception) -> str:
-    """An error as one line."""
-    if isinstance(exc, ValidationError):
-        return describe(exc.errors())
-    return str(exc).replace("\n", " ")
-
-
-# The short forms of the built-in workloads, typed so the schema says what a valid body is.
+# The short forms of the built-in workloads, generated from models.workload.KINDS and typed, so
+# the schema says what a valid body is.
 Extent = Annotated[int, Field(ge=1, le=MAX_EXTENT)]
 _BATCH = "a batch loop indexing every tensor"
 
 
-class _Short(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    dtype: Dtype = "float32"
+def _camel(name: str) -> str:
+    return "".join(part.title() for part in name.split("-"))
 
 
-class GemmDims(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    m: Extent
-    n: Extent
-    k: Extent
-    b: Extent = Field(None, description=f"optional: {_BATCH}")
+def _short_form(kind: Kind) -> type[BaseModel]:
+    """{kind, dims, dtype} for one kind: dims takes its loops (those with a default may be
+    left out) and the batch loop b."""
+    fields: dict[str, Any] = {}
+    for x in kind.loops:
+        default = kind.defaults.get(x)
+        fields[x] = (Extent, ...) if default is None else (Extent | None, Field(None, description=f"defaults to {default}"))
+    fields["b"] = (Extent, Field(description=_BATCH)) if kind.batch == "required" else \
+        (Extent | None, Field(None, description=f"optional: {_BATCH}"))
+    config = ConfigDict(extra="forbid")
+    dims = create_model(f"{_camel(kind.name)}Dims", __config__=config, **fields)
+    return create_model(_camel(kind.name), __config__=config, __doc__=kind.summary,
+                        kind=(Literal[kind.name], ...), dims=(dims, ...), dtype=(Dtype, "float32"))
 
 
-class BatchGemmDims(GemmDims):
-    b: Extent = Field(description=_BATCH)
-
-
-class ChainDims(GemmDims):
-    l: Extent  # noqa: E741  (the chain's shared loop is named l throughout)
-
-
-class Gemm(_Short):
-    """C[m,n] = A[m,k] B[k,n]"""
-    kind: Literal["gemm"]
-    dims: GemmDims
-
-
-class BatchGemm(_Short):
-    """C[b,m,n] = A[b,m,k] B[b,k,n]"""
-    kind: Literal["batch-gemm"]
-    dims: BatchGemmDims
-
-
-class GemmChain(_Short):
-    """C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]"""
-    kind: Literal["gemm-chain"]
-    dims: ChainDims
-
-
-_SHORT = TypeAdapter(Annotated[Gemm | BatchGemm | GemmChain, Field(discriminator="kind")])
+SHORT_FORMS = tuple(_short_form(k) for k in KINDS.values())
+ShortForm = Union[SHORT_FORMS]  # noqa: UP007  (a runtime tuple of models)
+_SHORT = TypeAdapter(Annotated[ShortForm, Field(discriminator="kind")])
 
 
 def _workload(value: Any) -> Workload:
@@ -93,7 +60,7 @@ def _workload(value: Any) -> Workload:
             return builtin(spec.kind, spec.dims.model_dump(exclude_none=True), spec.dtype)
         return Workload.model_validate(value, strict=True)
     except ValidationError as exc:  # re-raised as one message under the `workload` field
-        raise ValueError(one_line(exc)) from None
+        raise InvalidInput(one_line(exc)) from None
 
 
 def _hardware(value: Any) -> Hardware:
@@ -102,17 +69,17 @@ def _hardware(value: Any) -> Hardware:
     expected = f"expected one of {', '.join(PRESETS)} or a hardware object"
     if isinstance(value, str):  # preset names only: a request must not read the server's files
         if value not in PRESETS:
-            raise ValueError(f"unknown hardware {value!r}; {expected}")
+            raise InvalidInput(f"unknown hardware {value!r}; {expected}")
         return preset(value)
     if not isinstance(value, dict):
-        raise ValueError(f"hardware must be a preset name or an object; {expected}")
+        raise InvalidInput(f"hardware must be a preset name or an object; {expected}")
     try:
         return Hardware.model_validate(value, strict=True)
     except ValidationError as exc:
-        raise ValueError(one_line(exc)) from None
+        raise InvalidInput(one_line(exc)) from None
 
 
-WorkloadSpec = Annotated[Workload, PlainValidator(_workload, json_schema_input_type=Gemm | BatchGemm | GemmChain | Workload)]
+WorkloadSpec = Annotated[Workload, PlainValidator(_workload, json_schema_input_type=Union[(*SHORT_FORMS, Workload)])]
 HardwareSpec = Annotated[Hardware, PlainValidator(_hardware, json_schema_input_type=Literal[PRESETS] | Hardware)]
 SolverName = Literal[tuple(sorted(SOLVERS))]  # sorted: the schema must not depend on import order
 

@@ -25,8 +25,9 @@ from ..models.plan import TuneResult
 from .cache import PlanCache, default_path
 from .jobs import Job, JobRequest, JobService
 from .plans import PlanService
+from .errors import describe, http_status
 from .pool import ProcessPool, WorkerError
-from .request import PlanRequest, describe
+from .request import PlanRequest
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Settings:
     cache_path: Path
     workers: int = os.cpu_count() or 1
     max_time_limit: float = 60.0
+    exports: Path | None = None  # where jobs write their kernels (default: beside the cache)
 
 
 class FieldError(BaseModel):
@@ -65,14 +67,14 @@ def _error(status: int, detail: str, errors: list | None = None) -> JSONResponse
 
 
 def _worker_error(exc: WorkerError) -> JSONResponse:
-    return _error(500 if exc.kind == "internal" else 422, f"{exc.kind}: {exc}")
+    return _error(http_status(exc.kind), f"{exc.kind}: {exc}")
 
 
 def create_app(settings: Settings) -> FastAPI:
     """The service, with its cache at settings.cache_path and its process pools."""
     cache = PlanCache(settings.cache_path)
     plans = PlanService(cache, ProcessPool(settings.workers))
-    jobs = JobService(plans, ProcessPool(1))
+    jobs = JobService(plans, ProcessPool(1), settings.exports or settings.cache_path.parent / "exports")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -135,7 +137,7 @@ def create_app(settings: Settings) -> FastAPI:
 
     @app.post("/v1/jobs", response_model=Job, status_code=202, responses=ERRORS)
     async def submit_job(req: JobRequest, response: Response):
-        """Plan, then (unless measure is false) build and time each plan; poll GET /v1/jobs/{id}."""
+        """Plan, then (unless measure is false) build, export and time each plan; poll GET /v1/jobs/{id}."""
         req = within_limit(req)
         if isinstance(req, JSONResponse):
             return req
@@ -162,7 +164,8 @@ def create_app(settings: Settings) -> FastAPI:
 def serve(args) -> int:
     """`tune serve`: run the service until interrupted (or print its OpenAPI schema)."""
     settings = Settings(cache_path=Path(args.cache) if args.cache else default_path(),
-                        workers=args.workers or Settings.workers, max_time_limit=args.max_time_limit)
+                        workers=args.workers or Settings.workers, max_time_limit=args.max_time_limit,
+                        exports=Path(args.exports) if args.exports else None)
     app = create_app(settings)
     if args.openapi:
         print(json.dumps(app.openapi(), indent=2))

@@ -1,6 +1,9 @@
 """What the service's child processes run (see pool.py); each takes a `progress` callback."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from ..backends.base import backend_for
 from ..models.plan import TuneResult
 from ..optimizer import tune as _tune  # noqa: F401  (preloaded by the pool's fork server)
 from .progress import Progress, scaled
@@ -12,14 +15,23 @@ def plan_document(request: PlanRequest, progress: Progress | None = None) -> str
     return document(request.solve())
 
 
-def measure_plans(doc: str, repeat: int, progress: Progress | None = None) -> list[dict]:
-    """Build and time the plan and each alternative of a `tune --json` document on this CPU with TVM."""
-    from ..backends.measure import measure  # TVM loads only for jobs that measure
-
+def build_plans(doc: str, repeat: int, directory: str, progress: Progress | None = None) -> dict:
+    """Build the plan and each alternative of a `tune --json` document with the hardware's
+    backend, export each into directory/plan-N, and measure each where this machine can
+    (the backend says why not otherwise: `note`). Returns the JobResult fields."""
     result = TuneResult.model_validate_json(doc)
+    backend = backend_for(result.hardware)
     plans = [result.plan, *result.alternatives]
-    out = []
+    reason = backend.unavailable()
+    exports, measurements = [], None if reason else []
     for i, plan in enumerate(plans):
         step = scaled(progress, i / len(plans), (i + 1) / len(plans))
-        out.append(measure(result, plan, repeat=repeat, progress=step).model_dump(mode="json"))
-    return out
+        if step:
+            step(0.0, f"building plan {i + 1} of {len(plans)}")
+        one = result.model_copy(update={"plan": plan, "alternatives": []})
+        built = backend.build(one.workload, one.hardware, plan)
+        exports.append(backend.export(one, Path(directory) / f"plan-{i}", built=built).model_dump(mode="json"))
+        if measurements is not None:
+            measurements.append(backend.measure(one, built=built, repeat=repeat, progress=step).model_dump(mode="json"))
+    note = f"not measured: {backend.name} kernels run on a GPU, and this server has none ({reason})" if reason else None
+    return {"measurements": measurements, "exports": exports, "note": note}

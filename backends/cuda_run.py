@@ -1,59 +1,37 @@
 """Run an exported CUDA kernel on a GPU with CuPy, check it against cuBLAS, time both.
 
-Needs only CuPy and a GPU (no TVM): it reads kernel.cu and launch.json from an
+Needs CuPy and a GPU, not TVM: it reads kernel.cu and launch.json from an
 export directory (backends/cuda_build.export_cuda), so the source can be
 generated on one machine and run on another:
 
     python -m cachetile.backends.cuda_run DIR
 
 cuBLAS is the reference: CuPy's matmul per op (two calls for a chain), whose
-result is the correctness check and whose time the kernel is compared with.
+result is the correctness check (models/measurement.compare, the same
+tolerance as on the CPU) and whose time the kernel is compared with.
 """
 from __future__ import annotations
 
 import json
-import string
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel
-
-TOLERANCE = {"float32": 1e-3, "float16": 2e-2, "float64": 1e-9}
-
-
-class GpuUnavailable(RuntimeError):
-    """No CuPy, or no CUDA device: the kernel cannot run here."""
+from ..models.errors import Unavailable
+from ..models.measurement import Measurement, compare, measurement, reference
+from ..models.workload import Workload
 
 
-class GpuMeasurement(BaseModel):
-    kernel_tflops: float
-    cublas_tflops: float
-    ratio: float  # kernel / cuBLAS
-    max_abs_error: float
-    kernel_seconds: float  # median
-    cublas_seconds: float  # median
-    device: str
-
-
-def _cupy():
+def gpu_unavailable() -> str | None:
+    """Why no kernel can run on a GPU here (None: CuPy and a device are present)."""
     try:
         import cupy
     except ImportError:
-        raise GpuUnavailable("CuPy is not installed (pip install cupy-cuda12x); --measure for cuda needs it") from None
+        return "CuPy is not installed (pip install cupy-cuda12x)"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as exc:  # CUDA driver missing: CuPy raises its own runtime errors
-        raise GpuUnavailable(f"no CUDA device: {exc}") from None
-    if count == 0:
-        raise GpuUnavailable("no CUDA device")
-    return cupy
-
-
-def _einsum_spec(plan: dict, op: dict) -> str:
-    tensors = plan["workload"]["tensors"]
-    letters = dict(zip(op["loops"], string.ascii_letters))
-    ins = ",".join("".join(letters[x] for x in tensors[t]["dims"]) for t in op["inputs"])
-    return ins + "->" + "".join(letters[x] for x in tensors[op["output"]]["dims"])
+        return f"no CUDA device: {' '.join(str(exc).split())}"
+    return None if count else "no CUDA device"
 
 
 def _median(cupy, fn, repeat: int) -> float:
@@ -69,20 +47,22 @@ def _median(cupy, fn, repeat: int) -> float:
     return sorted(times)[len(times) // 2]
 
 
-def run(directory: str | Path, repeat: int = 20, seed: int = 0) -> GpuMeasurement:
+def run(directory: str | Path, repeat: int = 20, seed: int = 0) -> Measurement:
     """Load DIR/kernel.cu, run it per DIR/launch.json, check against cuBLAS and time both."""
-    cupy = _cupy()
+    reason = gpu_unavailable()
+    if reason:
+        raise Unavailable(reason)
+    import cupy
+
     out = Path(directory)
     launch = json.loads((out / "launch.json").read_text())
-    plan = json.loads((out / "plan.json").read_text())
-    dtype = launch["dtype"]
+    workload = Workload.model_validate(json.loads((out / "plan.json").read_text())["workload"])
     module = cupy.RawModule(code=(out / "kernel.cu").read_text(), options=("-std=c++17",))
     rng = cupy.random.default_rng(seed)
     arrays = {}
     for name, shape in launch["shapes"].items():
-        role = plan["workload"]["tensors"][name]["role"]
-        arrays[name] = (rng.standard_normal(shape, dtype="float32").astype(dtype) if role == "input"
-                        else cupy.zeros(shape, dtype=dtype))
+        arrays[name] = (rng.standard_normal(shape, dtype="float32").astype(workload.dtype)
+                        if workload.tensors[name].role == "input" else cupy.zeros(shape, dtype=workload.dtype))
     kernels = []
     for k in launch["kernels"]:
         fn = module.get_function(k["name"])
@@ -95,47 +75,23 @@ def run(directory: str | Path, repeat: int = 20, seed: int = 0) -> GpuMeasuremen
             fn(tuple(k["grid"]), tuple(k["block"]), tuple(arrays[a] for a in k["args"]),
                shared_mem=k["dynamic_shared_bytes"])
 
-    ops = plan["workload"]["ops"]
-
-    def reference():
-        values = dict(arrays)
-        for op in ops:
-            values[op["output"]] = cupy.einsum(_einsum_spec(plan, op), *[values[t] for t in op["inputs"]])
-        return values
-
+    inputs = {n: a for n, a in arrays.items() if workload.tensors[n].role == "input"}
+    cublas = reference(workload, cupy)
     kernel()
     cupy.cuda.Device().synchronize()
-    expected = reference()
-    worst = 0.0
-    for op in ops:
-        name = op["output"]
-        if plan["workload"]["tensors"][name]["role"] != "output":
-            continue
-        got, want = arrays[name].astype("float64"), expected[name].astype("float64")
-        err = float(cupy.abs(got - want).max())
-        scale = float(cupy.abs(want).max()) or 1.0
-        if err > TOLERANCE.get(dtype, 1e-3) * scale:
-            raise AssertionError(f"{name} differs from cuBLAS by {err:.3g} (largest value {scale:.3g})")
-        worst = max(worst, err)
-    flops = sum(2.0 * _points(plan, op) for op in ops)
+    expected = reference(workload, cupy)({n: a.astype("float64") for n, a in inputs.items()})
+    outputs = [n for n, t in workload.tensors.items() if t.role == "output"]
+    error = compare(workload, {n: cupy.asnumpy(arrays[n]) for n in outputs}, {n: cupy.asnumpy(expected[n]) for n in outputs})
     k_s = _median(cupy, kernel, repeat)
-    r_s = _median(cupy, reference, repeat)
+    r_s = _median(cupy, lambda: cublas(inputs), repeat)
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    return GpuMeasurement(kernel_tflops=flops / k_s / 1e12, cublas_tflops=flops / r_s / 1e12, ratio=r_s / k_s,
-                          max_abs_error=worst, kernel_seconds=k_s, cublas_seconds=r_s,
-                          device=name.decode() if isinstance(name, bytes) else str(name))
-
-
-def _points(plan: dict, op: dict) -> float:
-    points = 1.0
-    for x in op["loops"]:
-        points *= plan["workload"]["dims"][x]
-    return points
+    device = name.decode() if isinstance(name, bytes) else str(name)
+    return measurement(workload, k_s, r_s, error, device=device, reference="cuBLAS")
 
 
 if __name__ == "__main__":
     try:
         print(run(sys.argv[1]).model_dump_json(indent=2))
-    except GpuUnavailable as exc:
+    except Unavailable as exc:
         print(f"error: {exc}", file=sys.stderr)
         sys.exit(2)

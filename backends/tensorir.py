@@ -27,6 +27,29 @@ def pad_name(tensor: str) -> str:
     return f"{tensor}_pad"
 
 
+def is_padded(workload: Workload, name: str, padded: Mapping[str, int]) -> bool:
+    return any(padded[x] != workload.dims[x] for x in workload.tensors[name].dims)
+
+
+def source_name(workload: Workload, name: str, padded: Mapping[str, int]) -> str:
+    """The buffer an op reads for input `name`: its zero-padded copy when a loop is padded."""
+    return pad_name(name) if is_padded(workload, name, padded) else name
+
+
+def read_index(sch, block, buffer_name: str) -> int:
+    """The position of `buffer_name` among the block's reads (what cache_read takes)."""
+    return [r.source.name for r in sch.get(block).reads].index(buffer_name)
+
+
+def inline_padding(sch, workload: Workload, padded: Mapping[str, int]) -> None:
+    """Fold each input's zero-padding copy into the first cache that reads it."""
+    for name, t in workload.tensors.items():
+        if t.role == "input" and is_padded(workload, name, padded):
+            block = sch.get_sblock(pad_name(name))
+            if sch.get_consumers(block):
+                sch.compute_inline(block)
+
+
 def primfunc(workload: Workload, padded: Mapping[str, int] | None = None) -> tirx.PrimFunc:
     """`main(*signature)`: arrays row-major, dims in `workload.tensors[..].dims` order."""
     dims = workload.dims

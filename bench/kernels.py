@@ -5,7 +5,8 @@
 
 Everything is measured in this one process, side by side: each kernel's
 GFLOP/s beside numpy's (np.matmul per op; two calls for a chain), medians of
->= 10 runs (see cachetile.backends.measure). Tables:
+>= 10 runs (see cachetile.backends.llvm_measure); every kernel is built through the
+backend registry (cachetile.backends.base). Tables:
 
 1. kernels: gemm 512^3, 1024^3, 1000^3 and every gemm-chain of workloads.json;
    plan and build seconds, kernel and numpy GFLOP/s, their ratio, and for
@@ -35,6 +36,13 @@ sys.path.insert(0, str(ROOT / "bench"))
 from solve_times import table  # noqa: E402
 
 
+def llvm():
+    """The CPU backend, through the registry the CLI and the service use."""
+    from cachetile.backends.base import get_backend
+
+    return get_backend("llvm")
+
+
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -42,8 +50,8 @@ def log(message: str) -> None:
 def unfused_gflops(chain, hw, time_limit):
     """Two planned GEMM kernels, C = A B then E = C D, timed back to back."""
     from cachetile import builtin, tune
-    from cachetile.backends.build import build
-    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
 
     d = chain.dims
     batch = {"b": d["b"]} if "b" in d else {}
@@ -52,7 +60,7 @@ def unfused_gflops(chain, hw, time_limit):
     g2 = builtin(kind, {**batch, "m": d["m"], "n": d["n"], "k": d["l"]})
     total, c = 0.0, None
     for g in (g1, g2):
-        lib = build(g, hw, tune(g, hw, time_limit=time_limit, top=0).plan).lib
+        lib = llvm().build(g, hw, tune(g, hw, time_limit=time_limit, top=0).plan).lib.mod
         args = kernel_args(g, random_inputs(g))
         if c is not None:
             args[0] = c  # E = C D reads the first kernel's output
@@ -63,7 +71,6 @@ def unfused_gflops(chain, hw, time_limit):
 
 def kernel_rows(workloads, hw, time_limit):
     from cachetile import tune
-    from cachetile.backends.measure import measure
 
     rows = []
     for name, w in workloads:
@@ -71,9 +78,9 @@ def kernel_rows(workloads, hw, time_limit):
         start = time.perf_counter()
         result = tune(w, hw, time_limit=time_limit, top=0)
         plan_s = time.perf_counter() - start
-        m = measure(result)
+        m = llvm().measure(result)
         unfused = f"{unfused_gflops(w, hw, time_limit):.1f}" if w.kind == "gemm-chain" else "-"
-        rows.append((name, f"{plan_s:.2f}", f"{m.build_seconds:.2f}", f"{m.kernel_gflops:.1f}", f"{m.numpy_gflops:.1f}",
+        rows.append((name, f"{plan_s:.2f}", f"{m.build_seconds:.2f}", f"{m.kernel_gflops:.1f}", f"{m.reference_gflops:.1f}",
                      f"{m.ratio:.2f}", unfused))
     return table(("workload", "plan s", "build s", "kernel GFLOP/s", "numpy GFLOP/s", "kernel/numpy", "unfused GFLOP/s"),
                  rows)
@@ -84,19 +91,20 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
     from tvm.s_tir import meta_schedule as ms
 
     from cachetile import tune
-    from cachetile.backends.build import build, llvm_target
-    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
+    from cachetile.backends.llvm_build import llvm_target
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
     from cachetile.backends.tensorir import primfunc
+    from cachetile.models.measurement import random_inputs
 
     target = tvm.target.Target(llvm_target(hw))
     rows = []
     for name, w in workloads:
         start = time.perf_counter()
         result = tune(w, hw, time_limit=time_limit, top=0)
-        built = build(w, hw, result.plan)
+        built = llvm().build(w, hw, result.plan)
         ours_s = time.perf_counter() - start
         args = kernel_args(w, random_inputs(w))
-        ours = w.flops / time_kernel(built.lib, args) / 1e9
+        ours = w.flops / time_kernel(built.lib.mod, args) / 1e9
         rows.append((name, "cachetile", f"{ours_s:.2f}", f"{ours:.1f}", "1.00", "1.00"))
         for n in trials:
             log(f"metaschedule: {name}, {n} trials")
@@ -108,7 +116,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
                 sch = ms.tir_integration.compile_tir(db, mod, target)
                 lib = tvm.compile(sch.mod, target=target)
                 secs = time.perf_counter() - start
-            gflops = w.flops / time_kernel(lib, args) / 1e9
+            gflops = w.flops / time_kernel(lib.mod, args) / 1e9
             rows.append((name, f"MetaSchedule {n}", f"{secs:.1f}", f"{gflops:.1f}", f"{secs / ours_s:.0f}",
                          f"{ours / gflops:.2f}"))
     return table(("workload", "method", "seconds to a kernel", "GFLOP/s", "its seconds / ours", "our GFLOP/s / its"),
@@ -141,8 +149,8 @@ def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
     from scipy.stats import spearmanr
 
     from cachetile import make_plan, tune
-    from cachetile.backends.build import build
-    from cachetile.backends.measure import kernel_args, random_inputs, time_kernel
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
     from cachetile.optimizer.space import Space
 
     rows = []
@@ -159,7 +167,7 @@ def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
         for i, plan in enumerate(plans):
             log(f"model vs measurement: {name}, plan {i + 1}/{len(plans)}")
             predicted.append(plan.predicted_seconds)
-            measured.append(time_kernel(build(w, hw, plan).lib, args))
+            measured.append(time_kernel(llvm().build(w, hw, plan).lib.mod, args))
         rho = spearmanr(predicted, measured).statistic
         best = min(range(len(plans)), key=lambda i: measured[i])
         rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.2f}", f"{measured[best] * 1e3:.2f}",
@@ -179,7 +187,7 @@ def main():
     args = ap.parse_args()
 
     from cachetile import builtin, hardware_from
-    from cachetile.backends.build import use_all_cores
+    from cachetile.backends.llvm_build import use_all_cores
 
     hw = hardware_from(args.hardware)
     use_all_cores(hw)

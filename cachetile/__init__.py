@@ -8,18 +8,34 @@ The public Python API, in the order data flows:
 
 `data_volume` and `memory_usage` cost any plan you write by hand, and
 `make_plan` turns orders and tiles into the same Plan the optimizer returns.
-`pareto` sweeps one level's capacity for the DV/MU trade-off.
-"""
-from .models.costmodel import data_volume, memory_usage
-from .models.hardware import Hardware, Level, hardware_from, preset
-from .models.plan import Plan, TuneResult, make_plan
-from .models.workload import Workload, builtin, workload_from_dict
-from .optimizer.pareto import ParetoFront, ParetoPoint, capacity_sweep, pareto
-from .optimizer.registry import SOLVERS
-from .optimizer.tune import InfeasibleError, tune
+`pareto` sweeps one level's capacity for the DV/MU trade-off. Errors are the
+classes of cachetile.models.errors (InvalidInput, Infeasible, NoPlanInTime, ...).
 
-__all__ = [
-    "Hardware", "InfeasibleError", "Level", "ParetoFront", "ParetoPoint", "Plan", "SOLVERS", "TuneResult",
-    "Workload", "builtin", "capacity_sweep", "data_volume", "hardware_from", "make_plan", "memory_usage",
-    "pareto", "preset", "tune", "workload_from_dict",
-]
+Names load on first use, so `python -m cachetile.backends.cuda_run` on a GPU
+machine needs only numpy, pydantic and CuPy.
+"""
+from importlib import import_module
+
+_NAMES = {
+    "data_volume": "models.costmodel", "memory_usage": "models.costmodel",
+    "Hardware": "models.hardware", "Level": "models.hardware", "hardware_from": "models.hardware",
+    "preset": "models.hardware",
+    "Plan": "models.plan", "TuneResult": "models.plan", "make_plan": "models.plan",
+    "Workload": "models.workload", "builtin": "models.workload", "workload_from_dict": "models.workload",
+    "ParetoFront": "optimizer.pareto", "ParetoPoint": "optimizer.pareto", "capacity_sweep": "optimizer.pareto",
+    "pareto": "optimizer.pareto",
+    "SOLVERS": "optimizer.registry",
+    "InfeasibleError": "optimizer.tune", "tune": "optimizer.tune",
+    "CachetileError": "models.errors", "InvalidInput": "models.errors", "Infeasible": "models.errors",
+    "NoPlanInTime": "models.errors", "SolverFailed": "models.errors", "BuildFailed": "models.errors",
+    "KernelMismatch": "models.errors", "Unavailable": "models.errors",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'cachetile' has no attribute {name!r}")
+    value = getattr(import_module(f".{_NAMES[name]}", __name__), name)
+    globals()[name] = value
+    return value

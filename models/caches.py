@@ -31,6 +31,7 @@ from pydantic import BaseModel, Field
 
 from . import gpu
 from .costmodel import padded_extents
+from .errors import InvalidInput
 from .workload import Op, Workload
 
 
@@ -59,14 +60,32 @@ def effective_tiles(workload: Workload, tiles: list[dict[str, int]]) -> tuple[di
     rounded up to a multiple of the largest smaller tile beneath it. Raises
     ValueError unless each tile divides the one above (plans from `tune` do).
     """
+    padded, tiles = _padded(workload, tiles)
+    misfit = _misfit(workload, padded, tiles)
+    if misfit:
+        j, bad = misfit
+        raise InvalidInput(f"tiles of {bad} at level {j} do not divide the tiles above; plans from `tune` always nest")
+    return padded, tiles
+
+
+def tiles_nest(workload: Workload, tiles: list[dict[str, int]]) -> bool:
+    """Whether every tile divides the one above in the padded space (see effective_tiles)."""
+    return _misfit(workload, *_padded(workload, tiles)) is None
+
+
+def _padded(workload: Workload, tiles):
     padded = {x: int(v) for x, v in padded_extents(workload, tiles).items()}
-    tiles = [{x: padded[x] if t[x] >= workload.dims[x] else t[x] for x in workload.dims} for t in tiles]
+    return padded, [{x: padded[x] if t[x] >= workload.dims[x] else t[x] for x in workload.dims} for t in tiles]
+
+
+def _misfit(workload: Workload, padded, tiles) -> tuple[int, list[str]] | None:
+    """The first level whose tiles do not divide the tiles above, and those loops."""
     for j in range(len(tiles)):
         parent = tiles[j + 1] if j + 1 < len(tiles) else padded
         bad = [x for x in workload.dims if parent[x] % tiles[j][x]]
         if bad:
-            raise ValueError(f"tiles of {bad} at level {j} do not divide the tiles above; plans from `tune` always nest")
-    return padded, tiles
+            return j, bad
+    return None
 
 
 def trips(tiles, padded, x: str, level: int) -> int:
@@ -250,9 +269,7 @@ def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles,
         for name in op.inputs:
             tensor = workload.tensors[name]
             block = [tiles[1][x] for x in tensor.dims]
-            elems = 1
-            for b in block:
-                elems *= b
+            elems = int(workload.block(name, tiles[1]))
             if tensor.role == "intermediate":
                 records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop="producer", stages=1,
                                            layout="row-major block, written by the producer's threads",

@@ -40,8 +40,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from . import gpu
 from .hardware import Hardware
+from .targets import target_for
 from .workload import Workload
 
 Orders = Sequence[Sequence[str]]  # per level, innermost level first; each outermost loop first
@@ -133,7 +133,7 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
             steps = 1.0
             for y in nont:
                 steps = steps * counts[y][level]
-            total = total + weights[(op.name, name)] * float(np.prod([workload.dims[x] for x in tdims])) * steps
+            total = total + weights[(op.name, name)] * workload.size(name) * steps
         else:
             weight = weights.get((op.name, name), 1) if weights else 1
             at = level if output_level is None else output_level
@@ -141,31 +141,10 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     return total
 
 
-def register_weights(workload: Workload, hardware: Hardware) -> dict[tuple[str, str], int] | None:
-    """The register model: per (op, input), the bytes of load bandwidth an element costs.
-
-    On SIMD CPUs only the output's register tile (the accumulators) stays in
-    registers; the micro-kernel streams its inputs from L1 at every step. An
-    input whose last dim is the output's last (the vectorised loop) is loaded as
-    whole vectors (cost 1); any other is broadcast one element per load, each
-    taking a full vector load slot (cost `lanes`). The output tile is stored
-    back whenever it is reloaded (cost 2). On GPUs every thread loads its own
-    fragments from shared memory (cost 1: a broadcast to a warp still issues a
-    load per thread) and stores its outputs once per block move (cost 1).
-    None for CPUs without SIMD registers.
-    """
-    if hardware.kind == "gpu":
-        return {(op.name, t): 1 for op in workload.ops for t in [*op.inputs, op.output]}
-    if not hardware.vector_bytes:
-        return None
-    lanes = hardware.vector_bytes // workload.elem_bytes
-    weights = {}
-    for op in workload.ops:
-        vector = workload.tensors[op.output].dims[-1]
-        for name in op.inputs:
-            weights[(op.name, name)] = 1 if workload.tensors[name].dims[-1] == vector else lanes
-        weights[(op.name, op.output)] = 2
-    return weights
+def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tuple[str, str], int] | None:
+    """The register model: per (op, input), the cost of an element moved into level 0
+    (the hardware's target decides; None: plain DV)."""
+    return target_for(hardware).register_weights(workload)
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
@@ -182,24 +161,18 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = _blocks(workload, tiles, min(levels))
-    on_gpu = hardware is not None and hardware.kind == "gpu"
+    target = target_for(hardware)
     weights = None
-    if hardware is not None and offset == 0 and 0 in levels:
-        weights = register_weights(workload, hardware)
-    local = local_level(hardware, len(orders) + offset) - offset
+    if offset == 0 and 0 in levels:
+        weights = target.register_weights(workload)
+    local = target.local_level(len(orders) + offset) - offset
     dv = []
     for level in levels:
         w = weights if level + offset == 0 else None
-        out_level = 1 if on_gpu and level + offset == 0 and len(orders) > 1 else None
+        out_level = target.output_level(level + offset, len(orders) + offset)
         total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level) for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
-
-
-def local_level(hardware: Hardware | None, n_levels: int) -> int:
-    """The level from which a fused chain's intermediates stay inside the kernel: the
-    outermost on CPUs, shared memory (level 1) on GPUs."""
-    return min(1, n_levels - 1) if hardware is not None and hardware.kind == "gpu" else n_levels - 1
 
 
 def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int], weights=None) -> np.ndarray:
@@ -226,68 +199,28 @@ def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int], weigh
     for op in workload.ops:
         total = 0.0
         for name in [*op.inputs, op.output]:
-            block = weights.get((op.name, name), 1) if weights else 1.0
-            for x in workload.tensors[name].dims:
-                block = block * np.asarray(tile[x], dtype=np.float64)
-            total = total + block
+            block = workload.block(name, tile)
+            total = total + (block * weights.get((op.name, name), 1) if weights else block)
         worst = np.maximum(worst, total)
     return np.asarray(worst) * workload.elem_bytes
 
 
 def level_usage(workload: Workload, hardware: Hardware, level: int, tile: Mapping[str, np.ndarray | int],
                 stages: int = 1) -> np.ndarray:
-    """MU of `level` on this hardware. In SIMD registers (see register_weights): per op the
-    accumulator tile, plus the vectors of one reduction step of each vector-loaded input,
-    plus one register per broadcast input. On GPUs, level 0 is a thread's registers
-    (gpu.registers) and level 1 a block's shared memory with `stages` buffers per input
-    (gpu.shared_bytes). Elsewhere memory_usage."""
-    if hardware.kind == "gpu" and level < 2:
-        if level == 0:
-            return gpu.registers(workload, tile) * gpu.REGISTER_BYTES
-        return gpu.shared_bytes(workload, tile, stages)
-    weights = register_weights(workload, hardware) if level == 0 else None
-    if weights is None:
-        return memory_usage(workload, tile)
-    lanes = hardware.vector_bytes // workload.elem_bytes
-    worst = 0.0
-    for op in workload.ops:
-        out = workload.tensors[op.output].dims
-        total = 1.0
-        for x in out:
-            total = total * np.asarray(tile[x], dtype=np.float64)
-        for name in op.inputs:
-            if weights[(op.name, name)] > 1:
-                total = total + lanes
-                continue
-            block = 1.0
-            for x in workload.tensors[name].dims:
-                if x in out:
-                    block = block * np.asarray(tile[x], dtype=np.float64)
-            total = total + block
-        worst = np.maximum(worst, total)
-    return np.asarray(worst) * workload.elem_bytes
+    """MU of `level` on this hardware, as its target counts it (memory_usage unless the
+    target models the level itself: SIMD registers, GPU registers and shared memory)."""
+    return target_for(hardware).level_usage(workload, level, tile, stages)
 
 
-# Independent accumulator vectors a core needs to hide FMA latency: about 4 cycles
-# on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle.
-FMA_CHAINS = 8
-
-
-def registers_share_issue(hardware: Hardware) -> bool:
-    """On SIMD CPUs the register file is filled by load instructions issued from the same
-    core as the FMAs, so the registers' link time adds to the compute time instead of
-    overlapping it (measured: 4x64 register tiles, 8 loads per 16 FMAs, run 1.33x faster
-    than 16x16 tiles, 17 loads per 16 FMAs)."""
-    return hardware.kind == "cpu" and hardware.vector_bytes is not None
-
-
-def predicted_seconds(hardware: Hardware, compute, link_seconds) -> tuple[np.ndarray, np.ndarray]:
+def predicted_seconds(compute, link_seconds, shares_issue: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Time of a plan from its compute time and each level's link time, and the index of
-    the level that sets it (-1: compute). Vectorised."""
+    the level that sets it (-1: compute). The one formula every solver ranks by:
+    max(compute, slowest link), except that when level 0's link shares the core's issue
+    slots with the arithmetic (`shares_issue`, SIMD CPUs) its time adds to compute. Vectorised."""
     links = [np.asarray(s, dtype=np.float64) for s in link_seconds]
     compute = np.asarray(compute, dtype=np.float64)
     first = 0
-    if registers_share_issue(hardware):
+    if shares_issue:
         compute, first = compute + links[0], 1
     best, index = compute, np.full(np.broadcast_shapes(compute.shape, *[s.shape for s in links]), -1)
     for i in range(first, len(links)):
@@ -367,18 +300,17 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
                     tiles: Tiles | None = None, stages: int = 1) -> np.ndarray:
     """Time of the arithmetic alone: peak, unless the plan keeps the cores from it.
 
-    Without a plan, or on hardware without SIMD registers and one core, that is
-    flops / peak. Loops padded to a multiple of a tile (padded_extents) add flops.
-    With SIMD registers (`vector_bytes`), each op's register tile
-    of its output keeps `prod(tile) / lanes` accumulator vectors in flight;
-    below FMA_CHAINS the FMA latency, not the pipes, sets the pace, and the op
-    runs at that fraction of peak. With several cores, the parallel loop's trips
-    are shared out in rounds of `cores`; a last partial round idles the rest. On
-    GPUs, blocks run in waves of SMs x resident blocks, and too few resident
-    warps slow the arithmetic (gpu.Launch.slowdown).
+    Without a plan that is flops / peak. Loops padded to a multiple of a tile
+    (padded_extents) add flops. Each op runs at the fraction of peak its inner
+    loop can issue (the target's issue_efficiency: on SIMD CPUs, too few
+    accumulator vectors wait on FMA latency). With several cores, the parallel
+    loop's trips are shared out in rounds of `cores`; a last partial round idles
+    the rest. Last, the target's launch_stretch (on GPUs, blocks run in waves of
+    SMs x resident blocks, and too few resident warps slow the arithmetic).
     """
     if tiles is None:
         return np.asarray(workload.flops / hardware.peak_flops)
+    target = target_for(hardware)
     total = 0.0
     parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
     padded = padded_extents(workload, tiles)
@@ -386,21 +318,12 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
         points = 1.0
         for x in op.loops:
             points = points * padded[x]
-        seconds = 2.0 * points / hardware.peak_flops
-        if hardware.vector_bytes:
-            lanes = hardware.vector_bytes // workload.elem_bytes
-            dims = workload.tensors[op.output].dims
-            vectors = np.ceil(np.asarray(tiles[0][dims[-1]], dtype=np.float64) / lanes)
-            for x in dims[:-1]:
-                vectors = vectors * np.asarray(tiles[0][x], dtype=np.float64)
-            seconds = seconds / np.minimum(1.0, vectors / FMA_CHAINS)
+        seconds = 2.0 * points / hardware.peak_flops / target.issue_efficiency(workload, op, tiles)
         if parallel is not None:
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)
         total = total + seconds
-    if hardware.kind == "gpu" and len(tiles) > 1:
-        total = total * gpu.launch(workload, hardware, tiles, stages).slowdown(hardware)
-    return np.asarray(total)
+    return np.asarray(total * target.launch_stretch(workload, tiles, stages))
 
 
 def check_order(workload: Workload, order: Sequence[str]) -> None:

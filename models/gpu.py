@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
+from pydantic import BaseModel, Field
 
 from .hardware import Hardware
 from .workload import Workload
@@ -54,16 +55,10 @@ def registers(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.nd
     accumulators, fragments = 0.0, 0.0
     for op in workload.ops:
         out = workload.tensors[op.output].dims
-        acc = 1.0
-        for x in out:
-            acc = acc * _f(tile[x])
+        acc = workload.block(op.output, tile)
         frag = 0.0
         for name in op.inputs:
-            block = 1.0
-            for x in workload.tensors[name].dims:
-                if x in out:
-                    block = block * _f(tile[x])
-            frag = frag + block
+            frag = frag + workload.block(name, tile, within=out)
         accumulators, fragments = accumulators + acc, np.maximum(fragments, frag)
     words = np.ceil((accumulators + fragments) * workload.elem_bytes / REGISTER_BYTES)
     return words + RESERVED_REGISTERS
@@ -76,9 +71,7 @@ def shared_bytes(workload: Workload, tile: Mapping[str, np.ndarray | int], stage
     total = 0.0
     for op in workload.ops:
         for name in op.inputs:
-            block = 1.0
-            for x in workload.tensors[name].dims:
-                block = block * _f(tile[x])
+            block = workload.block(name, tile)
             total = total + block * (1 if workload.tensors[name].role == "intermediate" else stages)
     return np.asarray(total) * workload.elem_bytes
 
@@ -128,6 +121,26 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     waves = np.ceil(blocks / (g.sms * np.maximum(per_sm, 1)))
     feasible = same & warps & (count <= g.max_threads_per_block) & (per_sm >= 1)
     return Launch(count, blocks, regs, smem, per_sm, waves, feasible)
+
+
+class LaunchPlan(BaseModel):
+    """How a GPU plan launches (estimates from this module), as the plan document shows it."""
+
+    grid_blocks: int
+    threads_per_block: int
+    registers_per_thread: int = Field(description="estimated: tiles plus a reserve, before the compiler's choices")
+    shared_bytes: int = Field(description="per block, all stages included")
+    blocks_per_sm: int
+    waves: int
+    stages: int = Field(description="buffers per shared-memory input cache")
+
+
+def launch_plan(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], stages: int) -> LaunchPlan:
+    """The launch of one (scalar) plan, for the plan document."""
+    g = launch(workload, hardware, tiles, stages)
+    return LaunchPlan(grid_blocks=int(g.blocks), threads_per_block=int(g.threads), registers_per_thread=int(g.registers),
+                      shared_bytes=int(g.shared_bytes), blocks_per_sm=int(g.blocks_per_sm), waves=int(g.waves),
+                      stages=stages)
 
 
 def block_has_warps(workload: Workload, hardware: Hardware, tile) -> np.ndarray:

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from .errors import InvalidInput
+
 
 # Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
 MAX_CAPACITY = 2**62
@@ -64,7 +66,17 @@ class Hardware(BaseModel):
                              "shared memory per block)")
         if self.kind == "cpu" and self.gpu is not None:
             raise ValueError("'gpu' limits only apply to kind 'gpu'")
+        if self.kind == "gpu" and self.vector_bytes is not None:
+            raise ValueError("'vector_bytes' only applies to kind 'cpu'")
         return self
+
+    @property
+    def target(self):
+        """The strategy for this kind of machine (models/targets): what the cost model and the
+        optimizer ask instead of branching on `kind`."""
+        from .targets import target_for
+
+        return target_for(self)
 
 
 # GPU figures: SXM parts, boost clocks. Register and shared-memory fill bandwidths are
@@ -203,7 +215,7 @@ def preset(name: str) -> Hardware:
         return host()
     if name in _GPU:
         return _gpu(name)
-    raise ValueError(f"unknown hardware {name!r}; expected one of {', '.join(PRESETS)} or a .json file")
+    raise InvalidInput(f"unknown hardware {name!r}; expected one of {', '.join(PRESETS)} or a .json file")
 
 
 def hardware_from(spec: str | dict) -> Hardware:
@@ -225,8 +237,8 @@ def read_json(path: str):
     try:
         text = Path(path).read_text()
     except OSError as exc:
-        raise ValueError(f"cannot read {path}: {exc.strerror}") from None
+        raise InvalidInput(f"cannot read {path}: {exc.strerror}") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+        raise InvalidInput(f"{path} is not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None

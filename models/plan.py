@@ -9,15 +9,15 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from . import gpu
-from .caches import CacheRecord, gpu_cache_records, plan_caches
-from .costmodel import (
-    Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, level_usage, predicted_seconds,
-)
+from .caches import CacheRecord, tiles_nest
+from .costmodel import Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, level_usage
+from .errors import InvalidInput
+from .gpu import LaunchPlan
 from .hardware import Hardware
+from .objective import time_objective
 from .workload import Workload
 
-Status = Literal["optimal", "feasible", "timeout", "infeasible"]
+Status = Literal["optimal", "feasible", "timeout", "infeasible", "error"]
 
 
 class LevelPlan(BaseModel):
@@ -27,18 +27,6 @@ class LevelPlan(BaseModel):
     dv_bytes: float = Field(description="bytes moved into this level")
     mu_bytes: float = Field(description="bytes this level holds")
     capacity_bytes: int
-
-
-class LaunchPlan(BaseModel):
-    """How a GPU plan launches (estimates from models/gpu.py)."""
-
-    grid_blocks: int
-    threads_per_block: int
-    registers_per_thread: int = Field(description="estimated: tiles plus a reserve, before the compiler's choices")
-    shared_bytes: int = Field(description="per block, all stages included")
-    blocks_per_sm: int
-    waves: int
-    stages: int = Field(description="buffers per shared-memory input cache")
 
 
 class Plan(BaseModel):
@@ -66,23 +54,18 @@ class TuneResult(BaseModel):
     alternatives: list[Plan] = []
 
 
-def level_seconds(hardware: Hardware, dv: list) -> list:
-    """Time of each level's link: DV_l / bandwidth_l."""
-    return [d / lv.bandwidth_bytes_per_s for d, lv in zip(dv, hardware.levels)]
-
-
 def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Tiles, stages: int = 1) -> Plan:
     """Validate and cost one plan (orders and tiles innermost level first); `stages` is the
     number of buffers of each shared-memory input cache on GPUs."""
     if len(orders) != len(hardware.levels) or len(tiles) != len(hardware.levels):
-        raise ValueError(f"a plan needs one order and one tile per level ({len(hardware.levels)})")
+        raise InvalidInput(f"a plan needs one order and one tile per level ({len(hardware.levels)})")
     for order in orders:
         check_order(workload, order)
     check_tiles(workload, tiles)
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
-    secs = level_seconds(hardware, dv)
+    objective = time_objective(hardware)
     compute = float(compute_seconds(workload, hardware, orders, tiles, stages))
-    predicted, worst = predicted_seconds(hardware, compute, secs)
+    predicted, worst = objective.value(compute, objective.links(dv))
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
@@ -95,17 +78,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
         )
         for i, lv in enumerate(hardware.levels)
     ]
-    caches, launch, names = [], None, [lv.name for lv in hardware.levels]
-    try:
-        if hardware.kind == "cpu":
-            caches = plan_caches(workload, names, orders, tiles)
-        else:
-            caches = gpu_cache_records(workload, names, orders, tiles, stages)
-    except ValueError:
-        pass  # tiles that do not nest: the model costs them, but no backend emits them
-    if hardware.kind == "gpu":
-        g = gpu.launch(workload, hardware, tiles, stages)
-        launch = LaunchPlan(grid_blocks=int(g.blocks), threads_per_block=int(g.threads), registers_per_thread=int(g.registers),
-                            shared_bytes=int(g.shared_bytes), blocks_per_sm=int(g.blocks_per_sm), waves=int(g.waves),
-                            stages=stages)
+    caches, launch = [], None
+    if tiles_nest(workload, tiles):  # tiles that do not nest are costed, but no backend emits them
+        caches, launch = hardware.target.plan_extras(workload, [lv.name for lv in hardware.levels], orders, tiles, stages)
     return Plan(levels=levels, predicted_seconds=predicted, bottleneck=bottleneck, caches=caches, launch=launch)

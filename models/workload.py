@@ -6,9 +6,15 @@ object has, so `tune --json` output can be fed back in.
 """
 from __future__ import annotations
 
-from typing import Literal
+import math
+import string
+from dataclasses import dataclass, field
+from typing import Literal, Mapping
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .errors import InvalidInput
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
@@ -123,13 +129,37 @@ class Workload(BaseModel):
     @property
     def flops(self) -> float:
         """Two flops (multiply and add) per point of each op's iteration space."""
-        total = 0.0
-        for op in self.ops:
-            points = 1.0
-            for x in op.loops:
-                points *= self.dims[x]
-            total += 2.0 * points
-        return total
+        return sum(self.op_flops(op) for op in self.ops)
+
+    def op_flops(self, op: Op) -> float:
+        """Two flops (multiply and add) per point of the op's iteration space."""
+        points = 1.0
+        for x in op.loops:
+            points *= self.dims[x]
+        return 2.0 * points
+
+    def shape(self, name: str) -> list[int]:
+        """The tensor's array shape: its loops' extents, in its dims order."""
+        return [self.dims[x] for x in self.tensors[name].dims]
+
+    def size(self, name: str) -> float:
+        """Elements of the whole tensor."""
+        return float(math.prod(self.shape(name)))
+
+    def block(self, name: str, tile: Mapping[str, np.ndarray | int], within=None) -> np.ndarray | float:
+        """Elements of the tensor's block under `tile` (loop -> extent, arrays allowed): the
+        product of its loops' tiles, over only the loops in `within` when given."""
+        block = 1.0
+        for x in self.tensors[name].dims:
+            if within is None or x in within:
+                block = block * np.asarray(tile[x], dtype=np.float64)
+        return block
+
+    def einsum(self, op: Op) -> str:
+        """The op as an einsum spec over letters, e.g. 'ab,bc->ac' (inputs, then output)."""
+        letters = dict(zip(op.loops, string.ascii_letters))
+        spell = lambda t: "".join(letters[x] for x in self.tensors[t].dims)  # noqa: E731
+        return ",".join(spell(t) for t in op.inputs) + "->" + spell(op.output)
 
     def io_tensors(self, op: Op) -> list[str]:
         """The op's inputs and outputs that are arrays of the kernel (not intermediates)."""
@@ -146,53 +176,72 @@ class Workload(BaseModel):
         return [t for t in [*op.inputs, op.output]
                 if level < local_level or self.tensors[t].role != "intermediate"]
 
+@dataclass(frozen=True)
+class Kind:
+    """A built-in workload kind. The CLI's subcommands and flags, the service's short forms
+    and their schema are all generated from KINDS, so a new kind is one entry here."""
+
+    name: str
+    summary: str  # the kind's equations, shown as CLI help and schema description
+    loops: tuple[str, ...]  # the extents it takes (the batch loop b aside), in dims order
+    tensors: dict[str, tuple[str, ...]]  # name -> loops indexing it (b is prepended when batched)
+    ops: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...]  # (name, loops, inputs, output)
+    batch: Literal["optional", "required"] = "optional"  # a batch loop b indexing every tensor
+    defaults: dict[str, str] = field(default_factory=dict)  # loop -> loop whose extent it takes when omitted
+    batched_name: str | None = None  # the kind reported when a batch is given
+
+
+_GEMM = dict(loops=("m", "n", "k"), tensors={"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")},
+             ops=(("gemm", ("m", "n", "k"), ("A", "B"), "C"),))
+KINDS: dict[str, Kind] = {k.name: k for k in [
+    Kind("gemm", "C[m,n] = A[m,k] B[k,n]", batched_name="batch-gemm", **_GEMM),
+    Kind("batch-gemm", "C[b,m,n] = A[b,m,k] B[b,k,n]", batch="required", **_GEMM),
+    Kind("gemm-chain", "C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]",
+         loops=("m", "l", "k", "n"),
+         tensors={"A": ("m", "k"), "B": ("k", "l"), "C": ("m", "l"), "D": ("l", "n"), "E": ("m", "n")},
+         ops=(("gemm1", ("m", "l", "k"), ("A", "B"), "C"), ("gemm2", ("m", "l", "n"), ("C", "D"), "E")),
+         defaults={"n": "m", "k": "m", "l": "m"}),
+]}
+
+
 def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
-    """Build `gemm`, `batch-gemm` or `gemm-chain`; a `b` entry in dims adds a batch loop indexing every tensor."""
+    """Build a kind of KINDS (gemm, batch-gemm, gemm-chain); a `b` entry in dims adds a batch
+    loop indexing every tensor, and a loop with a default may be left out."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
-        raise ValueError(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+        raise InvalidInput(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    spec = KINDS.get(kind)
+    if spec is None:
+        raise InvalidInput(f"unknown workload kind {kind!r}; expected {', '.join(KINDS)}")
     batch = ["b"] if "b" in dims else []
-    if kind == "batch-gemm" and not batch:
-        raise ValueError("batch-gemm needs a batch extent b")
-    if kind in ("gemm", "batch-gemm"):
-        names = ["m", "n", "k"]
-        tensors = {"A": ["m", "k"], "B": ["k", "n"], "C": ["m", "n"]}
-        ops = [{"name": "gemm", "loops": batch + ["m", "n", "k"], "inputs": ["A", "B"], "output": "C"}]
-        kind = "batch-gemm" if batch else "gemm"
-    elif kind == "gemm-chain":
-        names = ["m", "l", "k", "n"]
-        tensors = {"A": ["m", "k"], "B": ["k", "l"], "C": ["m", "l"], "D": ["l", "n"], "E": ["m", "n"]}
-        ops = [
-            {"name": "gemm1", "loops": batch + ["m", "l", "k"], "inputs": ["A", "B"], "output": "C"},
-            {"name": "gemm2", "loops": batch + ["m", "l", "n"], "inputs": ["C", "D"], "output": "E"},
-        ]
-    else:
-        raise ValueError(f"unknown workload kind {kind!r}; expected gemm, batch-gemm or gemm-chain")
-    missing = [x for x in names if x not in dims]
+    if spec.batch == "required" and not batch:
+        raise InvalidInput(f"{kind} needs a batch extent b")
+    dims = {**{x: dims[d] for x, d in spec.defaults.items() if x not in dims and d in dims}, **dims}
+    missing = [x for x in spec.loops if x not in dims]
     if missing:
-        raise ValueError(f"{kind} needs extents for {missing}")
-    extra = [x for x in dims if x not in names + batch]
+        raise InvalidInput(f"{kind} needs extents for {missing}")
+    extra = [x for x in dims if x not in [*spec.loops, *batch]]
     if extra:
-        raise ValueError(f"{kind} has no loop(s) {extra}")
+        raise InvalidInput(f"{kind} has no loop(s) {extra}")
     return Workload(
-        kind=kind,
-        dims={x: dims[x] for x in batch + names},
+        kind=spec.batched_name if batch and spec.batched_name else kind,
+        dims={x: dims[x] for x in batch + list(spec.loops)},
         dtype=dtype,
-        tensors={t: {"dims": batch + d} for t, d in tensors.items()},
-        ops=ops,
+        tensors={t: {"dims": batch + list(d)} for t, d in spec.tensors.items()},
+        ops=[{"name": n, "loops": batch + list(loops), "inputs": list(ins), "output": out} for n, loops, ins, out in spec.ops],
     )
 
 
 def workload_from_dict(data: dict) -> Workload:
     """A full workload object, the short form {"kind", "dims", "dtype"} of a built-in, or a `tune --json` document."""
     if not isinstance(data, dict):
-        raise ValueError("a workload must be a JSON object")
+        raise InvalidInput("a workload must be a JSON object")
     if "workload" in data and isinstance(data["workload"], dict):
         data = data["workload"]
     if "tensors" not in data and "ops" not in data:
         unknown = set(data) - {"kind", "dims", "dtype"}
         if unknown:
-            raise ValueError(f"unknown workload field(s) {sorted(unknown)}")
+            raise InvalidInput(f"unknown workload field(s) {sorted(unknown)}")
         if not isinstance(data.get("dims"), dict):
-            raise ValueError("a workload needs 'dims', an object of loop extents")
+            raise InvalidInput("a workload needs 'dims', an object of loop extents")
         return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"))
     return Workload.model_validate(data)

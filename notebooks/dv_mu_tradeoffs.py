@@ -133,17 +133,17 @@ print("bottlenecks:", [p.bottleneck for p in tiles_by_ratio])
 # Plans for this machine (`preset("host")`) that trade L1 capacity for
 # traffic: the least-DV plan for several L1 capacities up to the real one, so
 # their predicted times differ. Each is built with TVM and timed by
-# `cachetile.backends.measure.measure`.
+# the CPU backend (`cachetile.backends.base.get_backend("llvm").measure`).
 
 # %%
-from cachetile.backends.measure import measure  # noqa: E402
+from cachetile.backends.base import get_backend  # noqa: E402
 
 host = preset("host")
 result = tune(chain, host, time_limit=5, top=0)
 l1 = next(i for i, lv in enumerate(host.levels) if lv.name == "L1")
 sweep = pareto(chain, host, "L1", points=6, time_limit=1)
 plans = [result.plan] + [p.plan for p in sweep.front if p.capacity_bytes <= host.levels[l1].capacity_bytes]
-measured = [measure(result, p, repeat=10) for p in plans]
+measured = [get_backend("llvm").measure(result, p, repeat=10) for p in plans]
 predicted = [p.predicted_seconds for p in plans]
 kernel = [m.kernel_seconds for m in measured]
 fig, ax = plt.subplots(figsize=(5, 5))
@@ -156,7 +156,7 @@ ax.legend()
 plt.show()
 for p, m in zip(plans, measured):
     print(f"  L1 tile {p.levels[l1].tile}: predicted {p.predicted_seconds * 1e6:.1f} us, "
-          f"measured {m.kernel_seconds * 1e6:.1f} us ({m.kernel_gflops:.1f} GFLOP/s, numpy {m.numpy_gflops:.1f})")
+          f"measured {m.kernel_seconds * 1e6:.1f} us ({m.kernel_gflops:.1f} GFLOP/s, numpy {m.reference_gflops:.1f})")
 
 # %%
 print(f"notebook ran in {time.perf_counter() - start:.1f} s")

@@ -10,22 +10,20 @@ is enumerate stopped after budget.GPU_SECONDS.
 """
 from __future__ import annotations
 
-from ..models.costmodel import registers_share_issue
 from . import budget
 from .enumeration import seeded
 from .registry import SOLVERS, Deadline, SolveResult, TopK, register
 from .space import Space
 
 
-
 @register("auto")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
-    if space.hardware.kind == "gpu":
+    if space.target.auto_strategy == "capped":
         result = SOLVERS["enumerate"](space, Deadline(min(deadline.left(), budget.GPU_SECONDS)), top)
         if result.plans and result.status == "timeout":
             return SolveResult("feasible", result.plans, result.evaluated)
         return result
-    if registers_share_issue(space.hardware):
+    if space.target.auto_strategy == "seeded" and space.objective.shares_issue:
         fast = seeded(space, Deadline(min(deadline.left() * budget.ENUMERATE_SHARE, budget.SEED_SECONDS)), top)
         if fast.plans:
             return SolveResult("optimal" if fast.status == "optimal" else "feasible", fast.plans, fast.evaluated)

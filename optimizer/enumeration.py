@@ -15,10 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import (
-    compute_seconds, data_volume, register_weights, registers_share_issue, single_level_bound,
-)
-from ..models.gpu import block_has_warps, slowdown_floor
+from ..models.costmodel import compute_seconds, data_volume, single_level_bound
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
@@ -82,8 +79,8 @@ class _Search:
                     raise _Timeout
                 tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
                 lv = sp.hardware.levels[level]
-                weights = register_weights(sp.workload, sp.hardware) if level == 0 else None
-                t = single_level_bound(sp.workload, tile, weights) / lv.bandwidth_bytes_per_s
+                weights = sp.target.register_weights(sp.workload) if level == 0 else None
+                t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
                 t = np.where(self.mu[level] <= lv.capacity_bytes, t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
@@ -109,18 +106,17 @@ class _Search:
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
         sp = self.space
         rows = self.rows[level]
-        on_gpu = sp.hardware.kind == "gpu"
         legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
         rows = rows[np.logical_and.reduce(legal)]
         tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
-        if on_gpu and level <= 1:
-            ok = sp.launchable([tile, *outer_tiles]) if level == 0 else block_has_warps(sp.workload, sp.hardware, tile)
+        ok = sp.target.level_filter(sp.workload, level, [tile, *outer_tiles], sp.stages)
+        if ok is not None:
             rows = rows[np.broadcast_to(ok, (len(rows),))]
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         if len(rows) == 0:
             return
-        bw = sp.hardware.levels[level].bandwidth_bytes_per_s
-        orders = sp.orders[:1] if on_gpu and level == 0 else sp.orders  # a thread's loop order changes nothing
+        divisor = sp.objective.divisors[level]
+        orders = sp.target.orders_at(level, sp.orders)
         secs = np.empty((len(orders), len(rows)))
         for o, order in enumerate(orders):
             for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
@@ -129,14 +125,14 @@ class _Search:
                 part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level)[0]
-                secs[o, lo : lo + CHUNK] = dv / bw
+                secs[o, lo : lo + CHUNK] = dv / divisor
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
         # (Skipped until k plans are held: the first dive needs no bound, and when compute
         # bounds the time it is also the last.)
         guided = level > 0 and np.isfinite(self.best.worst_primary())
-        shares = registers_share_issue(sp.hardware)
+        shares = sp.objective.shares_issue
         inner = self._inner_floor(level, rows, first=1 if shares else 0)[None, :] if guided else 0.0
         # Register loads issue with the FMAs: their least time under each child adds to compute.
         registers = sp.register_floor
@@ -146,12 +142,12 @@ class _Search:
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
-        if level == 1 and on_gpu:
-            compute = compute * slowdown_floor(sp.workload, sp.hardware, tile, sp.stages)[None, :]
-        if level == 0:
+        if level >= 1:
+            compute = compute * sp.target.compute_floor(sp.workload, level, tile, sp.stages)
+        else:
             compute = np.stack([
-                np.broadcast_to(compute_seconds(sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles],
-                                                sp.stages),
+                np.broadcast_to(sp.objective.compute(compute_seconds(
+                    sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles], sp.stages)),
                                 (len(rows),)) for order in orders])
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
@@ -195,7 +191,7 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
     power-of-two multiples and divisors-of-the-extent multiples of a seed's tile (so
     they nest), or the whole extent. Seeds are taken best first while the grid stays
     within LADDER_GRID; returns the space and the seeds it serves."""
-    around = Space(space.workload, space.hardware, fine=False, stages=space.stages)
+    around = space.coarse()
     values = {x: {e} for x, e in space.workload.dims.items()}
     used = 0
     for seed in seeds:
@@ -243,7 +239,7 @@ def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     best = TopK(max(top, 1))
     evaluated = 0
-    coarse = Space(space.workload, space.hardware, fine=False, stages=space.stages)
+    coarse = space.coarse()
     passes = [(coarse, Deadline(deadline.left() * budget.COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing
@@ -251,7 +247,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         return SolveResult("timeout", [], 0, f"{coarse.grid_size()} tile combinations per level is more than enumerate handles ({GRID_MAX})")
     if space.grid_size() > GRID_MAX:
         passes = [(coarse, deadline)]  # the fine grid is too large to hold: the best plan is only feasible
-    if registers_share_issue(space.hardware):
+    if space.objective.shares_issue:
         # SIMD CPUs: the micro-kernel's register tile matters most. Search the outer levels
         # around the few best register tiles first; the full passes then start from those plans.
         seeds = space.best_register_tiles(REGISTER_SEEDS)

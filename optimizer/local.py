@@ -92,8 +92,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     """
     loops, n = space.loops, space.n_levels
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
-    # On GPUs fuller shared memory costs resident blocks, so ties are not broken towards it.
-    for grow in (False, True) if space.hardware.kind == "cpu" else (False,):
+    for grow in (False, True) if space.target.polish_grows else (False,):
         for _ in range(rounds):
             if deadline.expired():
                 return best

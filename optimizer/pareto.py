@@ -3,9 +3,9 @@
 For a level l and a capacity c, the point is the plan minimising DV_l (bytes
 moved into level l) subject to MU_l <= c, the other levels' capacities and the
 nesting of tiles. DV_l depends only on the orders and tiles of levels >= l, so
-this is found by the ordinary optimizer on a copy of the hardware where level
-l's link is the only one that costs time. Sweeping c gives the least-DV curve;
-its non-dominated (MU, DV) points are the Pareto front.
+this is found by the ordinary optimizer with DV_l as its objective
+(models/objective.dv_objective). Sweeping c gives the least-DV curve; its
+non-dominated (MU, DV) points are the Pareto front.
 """
 from __future__ import annotations
 
@@ -15,18 +15,15 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..models.costmodel import memory_usage
+from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
-from ..models.plan import Plan, Status, make_plan
+from ..models.objective import dv_objective
+from ..models.plan import Plan, Status
 from ..models.workload import Workload
 from .space import Space
 from .tune import tune
 
 Progress = Callable[[float, str], None]
-
-# Level l's link is slow and every other cost is negligible, so minimising
-# predicted time minimises DV_l; the other links still break its ties.
-_SLOW, _FAST = 1.0, 1e300
-
 
 class ParetoPoint(BaseModel):
     capacity_bytes: int = Field(description="the level's capacity for this solve")
@@ -57,7 +54,7 @@ def level_index(hardware: Hardware, level: int | str) -> int:
         return names.index(level)
     if isinstance(level, int) and not isinstance(level, bool) and 0 <= level < len(names):
         return level
-    raise ValueError(f"unknown level {level!r}; expected one of {', '.join(names)} or an index below {len(names)}")
+    raise InvalidInput(f"unknown level {level!r}; expected one of {', '.join(names)} or an index below {len(names)}")
 
 
 def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
@@ -77,7 +74,7 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
     is added when it lies in that range, so the design point is on the curve.
     """
     if points < 2:
-        raise ValueError(f"a sweep needs at least 2 points, got {points}")
+        raise InvalidInput(f"a sweep needs at least 2 points, got {points}")
     i = level_index(hardware, level)
     lo = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
     hi = float(memory_usage(workload, workload.dims))
@@ -119,19 +116,16 @@ def pareto(
     i = level_index(hardware, level)
     caps = sorted({int(c) for c in (capacity_sweep(workload, hardware, i, points) if capacities is None else capacities)})
     if not caps:
-        raise ValueError("no capacities to sweep")
+        raise InvalidInput("no capacities to sweep")
     if caps[0] < 1:
-        raise ValueError(f"capacities must be >= 1 byte, got {caps[0]}")
+        raise InvalidInput(f"capacities must be >= 1 byte, got {caps[0]}")
     swept = []
     for n, cap in enumerate(caps):
         if progress:
             progress(n / len(caps), f"{hardware.levels[i].name} capacity {cap} B")
         real = with_capacity(hardware, i, cap)
-        levels = [lv.model_copy(update={"bandwidth_bytes_per_s": _SLOW if j == i else _FAST})
-                  for j, lv in enumerate(real.levels)]
-        dv_only = real.model_copy(update={"levels": levels, "peak_flops": _FAST})
-        result = tune(workload, dv_only, solver, time_limit, top=0)
-        plan = make_plan(workload, real, [lp.order for lp in result.plan.levels], [lp.tile for lp in result.plan.levels])
+        result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
+        plan = result.plan  # costed on the hardware with this capacity
         swept.append(ParetoPoint(
             capacity_bytes=cap, mu_bytes=plan.levels[i].mu_bytes, dv_bytes=plan.levels[i].dv_bytes,
             predicted_seconds=plan.predicted_seconds, on_front=False, status=result.solver.status, plan=plan,

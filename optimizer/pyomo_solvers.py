@@ -31,7 +31,6 @@ import warnings
 
 import numpy as np
 
-from ..models.costmodel import local_level
 from . import budget
 from .local import polish, repair
 from .registry import Candidate, Deadline, SolveResult, TopK, register, score
@@ -53,7 +52,7 @@ def _multiplier_levels(space: Space, choice, level: int):
     terms = []
     for op in w.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in choice[j][0] if y in op.loops]
-        for name in w.moved_tensors(op, level, local_level(space.hardware, n)):
+        for name in w.moved_tensors(op, level, space.target.local_level(n)):
             tdims = w.tensors[name].dims
             deepest = max((i for i, (j, y) in enumerate(walk) if y in tdims and y not in choice[j][1]), default=-1)
             factors = []
@@ -91,7 +90,7 @@ def _ipopt_model(space: Space, choice):
         for x in space.loops:
             parent = m.u[j + 1, x] if j + 1 < n else math.log(w.dims[x])
             m.c.add(m.u[j, x] == parent if x in choice[j][1] else m.u[j, x] <= parent)
-        coef = w.elem_bytes / hw.levels[j].bandwidth_bytes_per_s / _scale(space)
+        coef = w.elem_bytes / space.objective.divisors[j] / _scale(space)
         cost = sum(
             coef * size * pyo.exp(sum(math.log(w.dims[y]) - m.u[jy, y] for y, jy in factors))
             for size, factors in _multiplier_levels(space, choice, j)
@@ -121,7 +120,7 @@ def _scip_model(space: Space, choice):
             m.c.add(m.N[j, x] * m.T[j, x] >= w.dims[x])  # N = ceil(E / T) at the optimum
             parent = m.T[j + 1, x] if j + 1 < n else w.dims[x]
             m.c.add(m.T[j, x] == parent if x in choice[j][1] else m.T[j, x] <= parent)
-        coef = w.elem_bytes / hw.levels[j].bandwidth_bytes_per_s / _scale(space)
+        coef = w.elem_bytes / space.objective.divisors[j] / _scale(space)
         cost = sum(
             coef * size * pyo.prod([m.N[jy, y] for y, jy in factors]) if factors else coef * size
             for size, factors in _multiplier_levels(space, choice, j)
@@ -185,7 +184,7 @@ def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Dead
 def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
     """(order, single-trip loops) pairs, one per distinct cost formula at a level."""
     seen = {}
-    for order in order_classes(space.workload, key=lambda _, o: o, gpu=space.hardware.kind == "gpu"):  # every valid order
+    for order in order_classes(space.workload, key=lambda _, o: o, leading=space.target.leading_loops(space.workload)):
         for r in range(len(space.loops) + 1):
             for fixed in itertools.combinations(space.loops, r):
                 moving = tuple(x for x in order if x not in fixed)
@@ -243,6 +242,9 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
         return SolveResult("optimal", best.items, solved[0])
     timed_out = deadline.expired() or any(c == "maxTimeLimit" for c in conditions)
     if not best.items:
+        errors = [c for c in conditions if c.startswith("error")]
+        if errors and len(errors) == len(conditions):
+            return SolveResult("error", [], solved[0], errors[0].removeprefix("error: "))
         status = "timeout" if timed_out else "infeasible"
         return SolveResult(status, [], solved[0], "no feasible rounded solution")
     return SolveResult("timeout" if timed_out else "feasible", best.items, solved[0])

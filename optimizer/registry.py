@@ -1,9 +1,11 @@
 """One small registry for every solver, and the types they share.
 
-A solver is a function (Space, time_limit_s, top) -> SolveResult. Each plan is
-ranked by the key (predicted_seconds, slowest memory link, sum of memory-link
-times): the first entry is the objective; the others break its ties, which
-are common when compute bounds the time, in favour of less data movement.
+A solver is a function (Space, Deadline, top) -> SolveResult. Each plan is
+ranked by the key (objective, slowest memory link, sum of memory-link costs):
+the first entry is the space's objective (predicted time, or one level's DV);
+the others break its ties, which are common when compute bounds the time, in
+favour of less data movement. A solver that raises is reported as status
+`error` with its message, like one that reports its own crash.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, predicted_seconds
+from ..models.costmodel import compute_seconds, data_volume
+from ..models.errors import CachetileError
 from .space import Space
 
 
@@ -29,7 +32,7 @@ class Candidate:
 
 @dataclass
 class SolveResult:
-    status: str  # optimal | feasible | timeout | infeasible
+    status: str  # optimal | feasible | timeout | infeasible | error
     plans: list[Candidate]  # best first
     evaluated: int = 0
     message: str = ""
@@ -72,7 +75,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays)."""
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
-    secs = [d / lv.bandwidth_bytes_per_s for d, lv in zip(dv, hw.levels)]
+    secs = space.objective.links(dv)
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)
@@ -82,7 +85,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.launchable(tiles)
-    predicted, _ = predicted_seconds(hw, compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
+    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
     return predicted, memmax, memsum, feasible
 
 
@@ -91,8 +94,20 @@ SOLVERS: dict[str, SolverFn] = {}
 
 
 def register(name: str):
+    """Add a solver under `name`; any exception it raises becomes a SolveResult with status
+    `error` (cachetile's own errors, such as a bad argument, pass through)."""
+
     def wrap(fn: SolverFn) -> SolverFn:
-        SOLVERS[name] = fn
-        return fn
+        def guarded(space: Space, deadline: Deadline, top: int) -> SolveResult:
+            try:
+                return fn(space, deadline, top)
+            except CachetileError:
+                raise
+            except Exception as exc:  # a solver's own failure is a result, not a crash
+                return SolveResult("error", [], 0, f"{type(exc).__name__}: {' '.join(str(exc).split())}")
+
+        guarded.__doc__, guarded.__name__ = fn.__doc__, fn.__name__
+        SOLVERS[name] = guarded
+        return guarded
 
     return wrap

@@ -7,12 +7,12 @@ reaches the lower bound there is optimal over the fine set too.
 
 Emittable tiles: each level's tile of a loop divides the tile of the level
 above, unless that one is the whole extent (the backend then pads the loop to a
-multiple of the largest tile below it). On hardware with SIMD registers
-(`Hardware.vector_bytes`), the loops that index an output's last dimension, the
-ones the backend vectorises, also take tiles that are multiples of the vector
-lanes (or the whole extent), and in the register tile a power of two of
-vectors (or the whole extent, when it is less than one vector). Solvers only
-return plans that obey these rules.
+multiple of the largest tile below it). The hardware's target adds its own
+rules (models/targets: vector lanes on SIMD CPUs, serial loops and thread
+steps on GPUs). Solvers only return plans that obey these rules.
+
+The space owns the objective every solver minimises (models/objective.py):
+predicted time, or one level's DV for the Pareto sweeps.
 
 Orders: permutations of all loops with the loops shared by every op first.
 Two orders of one level are equivalent when, for every op and tensor, the walk
@@ -22,17 +22,17 @@ order per class is searched.
 """
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.costmodel import (
-    check_order, compute_seconds, level_usage, memory_usage, register_weights, registers_share_issue, single_level_bound,
-)
-from ..models.gpu import block_loops, launch
+from ..models.costmodel import check_order, compute_seconds, level_usage, memory_usage, single_level_bound
 from ..models.hardware import Hardware
+from ..models.objective import Objective, time_objective
+from ..models.targets import Target
 from ..models.workload import Workload
 
 
@@ -86,16 +86,16 @@ def relaxed_signature(workload: Workload, order) -> tuple:
     return tuple(sig)
 
 
-def order_classes(workload: Workload, key=order_signature, gpu: bool = False) -> list[tuple[str, ...]]:
-    """One representative order per equivalence class, in a stable order. On GPUs the
-    grid's loops (gpu.block_loops) come first: blocks run side by side, and every
-    other loop runs serially inside a block."""
+def order_classes(workload: Workload, key=order_signature, leading: list[str] | None = None) -> list[tuple[str, ...]]:
+    """One representative order per equivalence class, in a stable order, each starting with
+    the `leading` loops (the target's: on GPUs the grid's loops, since blocks run side by side
+    and every other loop runs serially inside a block)."""
     shared = workload.shared_loops
     private = [x for x in workload.dims if x not in shared]
-    grid = block_loops(workload) if gpu else []
+    grid = leading or []
     seen: dict[tuple, tuple[str, ...]] = {}
     for head in itertools.permutations(shared):
-        if gpu and sorted(head[: len(grid)]) != sorted(grid):
+        if grid and sorted(head[: len(grid)]) != sorted(grid):
             continue
         for tail in itertools.permutations(private):
             order = head + tail
@@ -113,7 +113,7 @@ OPTIMALITY_GAP = 0.01
 FITTING_LIMIT = 2_000_000  # rows fitting_tiles may hold
 
 
-def fitting_tiles(workload: Workload, candidates: dict, smallest: dict, capacity: float, hardware: Hardware) -> dict | None:
+def fitting_tiles(workload: Workload, candidates: dict, smallest: dict, capacity: float, target: Target) -> dict | None:
     """Every combination of candidate tiles whose register usage fits `capacity`, as column arrays;
     None past FITTING_LIMIT. Built loop by loop, dropping partial rows that cannot fit
     even with the smallest tiles for the loops still open (MU grows with every tile)."""
@@ -123,15 +123,10 @@ def fitting_tiles(workload: Workload, candidates: dict, smallest: dict, capacity
         c = candidates[x]
         rows = np.concatenate([np.repeat(rows, len(c), axis=0), np.tile(c, len(rows))[:, None]], axis=1)
         tile = {y: rows[:, k] for k, y in enumerate(loops[: i + 1])} | {y: smallest[y] for y in loops[i + 1:]}
-        rows = rows[level_usage(workload, hardware, 0, tile) <= capacity]
+        rows = rows[target.level_usage(workload, 0, tile) <= capacity]
         if len(rows) * max(1, len(candidates[loops[i + 1]]) if i + 1 < len(loops) else 1) > FITTING_LIMIT:
             return None
     return {x: rows[:, k] for k, x in enumerate(loops)}
-
-
-def vector_loops(workload: Workload) -> set[str]:
-    """Loops indexing some output's last dimension: the backend vectorises them."""
-    return {workload.tensors[op.output].dims[-1] for op in workload.ops}
 
 
 @dataclass
@@ -142,38 +137,32 @@ class Space:
     hardware: Hardware
     fine: bool = True
     stages: int = 1  # buffers per shared-memory input cache (GPUs)
+    objective: Objective | None = None  # default: predicted time on the hardware
+    target: Target = field(init=False)
     loops: list[str] = field(init=False)
     candidates: dict[str, np.ndarray] = field(init=False)
     orders: list[tuple[str, ...]] = field(init=False)
     compute_seconds: float = field(init=False)
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
-    grid_loops: list[str] = field(init=False)  # loops that may be tiled at levels >= 2
-    thread_step_loops: list[str] = field(init=False)  # GPUs: reductions a thread steps through one by one
     register_floor: float = field(init=False)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
+        self.target = hw.target
+        self.objective = self.objective or time_objective(hw)
         self.loops = list(w.dims)
-        # GPUs: divisors and powers of two only; odd block shapes waste threads and warps.
-        fine = self.fine and hw.kind != "gpu"
-        self.candidates = {x: tile_candidates(e, fine) for x, e in w.dims.items()}
-        self.orders = order_classes(w, gpu=hw.kind == "gpu")
-        self.grid_loops = block_loops(w) if hw.kind == "gpu" else list(w.dims)
-        outputs = {x for op in w.ops for x in w.tensors[op.output].dims}
-        self.thread_step_loops = [x for x in w.dims if x not in outputs] if hw.kind == "gpu" else []
-        self.compute_seconds = w.flops / hw.peak_flops
+        self.candidates = {x: tile_candidates(e, self.fine and self.target.fine_candidates) for x, e in w.dims.items()}
+        self.orders = order_classes(w, leading=self.target.leading_loops(w))
+        self.compute_seconds = float(self.objective.compute(w.flops / hw.peak_flops))
         # Every level loads each input and output at least once.
-        io_bytes = sum(
-            float(np.prod([w.dims[x] for x in t.dims])) for t in w.tensors.values() if t.role != "intermediate"
-        ) * w.elem_bytes
-        lanes = hw.vector_bytes // w.elem_bytes if hw.vector_bytes else 1
-        self.lanes = {x: lanes if x in vector_loops(w) else 1 for x in self.loops}
-        links = [io_bytes / lv.bandwidth_bytes_per_s for lv in hw.levels]
+        io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
+        self.lanes = self.target.lanes(w)
+        links = self.objective.links([io_bytes] * len(hw.levels))
         self.register_floor = 0.0
         self._registers = (None, None)
-        if registers_share_issue(hw):
+        if self.objective.shares_issue:
             # Register loads issue with the FMAs: compute + the least register time any tile allows.
             self._registers = self._register_times()
             times = self._registers[1]
@@ -184,12 +173,13 @@ class Space:
     def _register_times(self):
         """Register tiles that fit, and for each the least register-load time it allows (seconds)."""
         w, lv = self.workload, self.hardware.levels[0]
-        weights = register_weights(w, self.hardware)
+        weights = self.target.register_weights(w)
         rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x], level=0)] for x, c in self.candidates.items()},
-                             self.smallest_tiles(), lv.capacity_bytes, self.hardware)
+                             self.smallest_tiles(), lv.capacity_bytes, self.target)
         if rows is None:
             return None, None
-        return rows, np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape) / lv.bandwidth_bytes_per_s
+        bound = np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape)
+        return rows, self.objective.links([bound])[0]
 
     def best_register_tiles(self, n: int) -> np.ndarray | None:
         """The n register tiles (rows in `loops` order) with the least compute plus register-load
@@ -197,7 +187,7 @@ class Space:
         rows, times = self._registers
         if rows is None or not times.size:
             return None
-        score = times + compute_seconds(self.workload, self.hardware, None, [rows])
+        score = times + self.objective.compute(compute_seconds(self.workload, self.hardware, None, [rows]))
         # Reduction tiles barely change the register model: keep the smallest of each output tile.
         outputs = sorted({x for op in self.workload.ops for x in self.workload.tensors[op.output].dims})
         keep, seen = [], set()
@@ -209,6 +199,10 @@ class Space:
             if len(keep) == n:
                 break
         return np.stack([rows[x][keep] for x in self.loops], axis=1)
+
+    def coarse(self) -> Space:
+        """The same space over the coarse candidate sets (same objective and stages)."""
+        return dataclasses.replace(self, fine=False)
 
     def meets_lower_bound(self, seconds: float) -> bool:
         """True when no plan can be more than OPTIMALITY_GAP faster than `seconds`."""
@@ -232,33 +226,20 @@ class Space:
 
     def level_footprint(self, level: int) -> float:
         """Usage of `level` with the smallest tiles."""
-        return float(level_usage(self.workload, self.hardware, level, self.smallest_tiles(), self.stages))
+        return float(self.usage(level, self.smallest_tiles()))
 
     def usage(self, level: int, tile) -> np.ndarray:
         """MU of `level` for (arrays of) tiles."""
-        return level_usage(self.workload, self.hardware, level, tile, self.stages)
+        return self.target.level_usage(self.workload, level, tile, self.stages)
 
     def launchable(self, tiles) -> np.ndarray | bool:
-        """GPUs: whether the thread and block tiles (levels 0 and 1) make a valid launch
-        (gpu.launch); True elsewhere."""
-        if self.hardware.kind != "gpu":
-            return True
-        return launch(self.workload, self.hardware, tiles, self.stages).feasible
+        """Whether the tiles make a valid launch (GPUs; True elsewhere)."""
+        return self.target.launchable(self.workload, tiles, self.stages)
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
-        """Which tiles of loop x (at `level`) nest in the parent tile and suit its vector lanes
-        (see module docstring); on GPUs, loops outside the grid keep the whole extent at levels >= 2."""
-        extent, lanes = self.workload.dims[x], self.lanes[x]
+        """Which tiles of loop x (at `level`) nest in the parent tile and obey the target's rules
+        (see module docstring)."""
+        extent = self.workload.dims[x]
         tiles, parent = np.asarray(tiles), np.asarray(parent)
-        if level is not None and level >= 2 and x not in self.grid_loops:
-            return tiles == extent  # GPUs: a block runs its serial loops whole
-        if level == 0 and x in self.thread_step_loops:
-            return tiles == 1  # GPUs: a thread's reduction step changes no cost; take one at a time
         nests = (parent % tiles == 0) | (parent == extent)
-        vector = (tiles % lanes == 0) | (tiles == extent)
-        if level == 0 and lanes > 1:
-            # The register tile's vector loop: a power of two of vectors. TVM scalarises
-            # the packed-layout loads of other widths (48 lanes: ~1000 element inserts).
-            vectors = tiles // lanes
-            vector = ((tiles % lanes == 0) & (vectors & (vectors - 1) == 0)) | ((tiles == extent) & (tiles < lanes))
-        return (tiles <= parent) & nests & vector
+        return (tiles <= parent) & nests & self.target.tile_rule(self.workload, x, tiles, level, self.lanes[x])

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 import time
 
+from ..models.errors import Infeasible, InvalidInput, NoPlanInTime, SolverFailed
 from ..models.hardware import Hardware
+from ..models.objective import Objective
 from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
@@ -11,20 +13,15 @@ from .local import polish
 from .registry import SOLVERS, Deadline, SolveResult
 from .space import Space
 
-
-DEFAULT_GPU_STAGES = 2
+InfeasibleError = Infeasible  # the name this module exported before errors were typed
 MAX_STAGES = 8
-
-
-class InfeasibleError(ValueError):
-    """No plan fits the hardware: the reason names the level and the bytes."""
 
 
 def check_capacities(space: Space) -> None:
     for j, lv in enumerate(space.hardware.levels):
         need = space.level_footprint(j)
         if lv.capacity_bytes < need:
-            raise InfeasibleError(
+            raise Infeasible(
                 f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
                 f"({_smallest(space)}) needs {need:.0f} bytes"
             )
@@ -44,35 +41,41 @@ def tune(
     time_limit: float = 10.0,
     top: int = 3,
     stages: int | None = None,
+    objective: Objective | None = None,
 ) -> TuneResult:
     """Find the plan minimising predicted_seconds, plus up to `top` alternatives.
 
     `stages`: buffers per shared-memory input cache on GPUs (default 2, double
-    buffering; N > 2 rotates N buffers); CPUs take 1.
-    Raises InfeasibleError when nothing fits, ValueError on bad arguments, and
-    RuntimeError when the time limit passes before any feasible plan is found.
+    buffering; N > 2 rotates N buffers); CPUs take 1. `objective` replaces the
+    predicted time as what is minimised (pareto passes one level's DV); the
+    returned plans are costed on the hardware as always.
+    Raises InvalidInput on bad arguments, Infeasible when nothing fits,
+    NoPlanInTime when the time limit passes before any feasible plan is found,
+    and SolverFailed when the solver itself fails.
     """
     if solver not in SOLVERS:
-        raise ValueError(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
+        raise InvalidInput(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
     if time_limit <= 0:
-        raise ValueError(f"time limit must be > 0 seconds, got {time_limit}")
+        raise InvalidInput(f"time limit must be > 0 seconds, got {time_limit}")
     if top < 0:
-        raise ValueError(f"top must be >= 0, got {top}")
+        raise InvalidInput(f"top must be >= 0, got {top}")
+    target = hardware.target
     if stages is None:
-        stages = DEFAULT_GPU_STAGES if hardware.kind == "gpu" else 1
+        stages = target.default_stages
     if not 1 <= stages <= MAX_STAGES:
-        raise ValueError(f"stages must be between 1 and {MAX_STAGES}, got {stages}")
-    if stages > 1 and hardware.kind != "gpu":
-        raise ValueError(f"stages apply to GPU shared memory; {hardware.name!r} is a CPU (use --double-buffer)")
+        raise InvalidInput(f"stages must be between 1 and {MAX_STAGES}, got {stages}")
+    target.check_stages(stages)
     start = time.perf_counter()
-    space = Space(workload, hardware, stages=stages)
+    space = Space(workload, hardware, stages=stages, objective=objective)
     check_capacities(space)
     deadline = Deadline(time_limit)
     result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
     if not result.plans:
         if result.status == "infeasible":
-            raise InfeasibleError(result.message or "no tiling fits the level capacities")
-        raise RuntimeError(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
+            raise Infeasible(result.message or "no tiling fits the level capacities")
+        if result.status == "error":
+            raise SolverFailed(f"solver {solver!r} failed: {result.message}")
+        raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
     polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
     plans = [polish(space, c, polish_deadline) for c in result.plans]
     plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)

@@ -11,9 +11,11 @@ import pytest
 import tvm
 
 from cachetile import builtin, preset, tune
-from cachetile.backends.cuda import emit_cuda
-from cachetile.backends.cuda_build import export_cuda, shared_buffers
-from cachetile.backends.measure import kernel_args, numpy_reference, random_inputs
+from cachetile.backends.cuda_build import build_cuda, export_cuda, shared_buffers
+from cachetile.backends.cuda_emit import emit_cuda
+from cachetile.backends.llvm_measure import kernel_args
+from cachetile.models.measurement import random_inputs
+from cachetile.models.measurement import reference as numpy_reference
 from cachetile.models import gpu
 from cachetile.models.costmodel import level_usage
 
@@ -175,7 +177,9 @@ def test_exported_kernel_compiles_with_nvcc(tmp_path, kind, dims):
 
 def test_exported_schedule_script_rebuilds_the_source(tmp_path):
     w = builtin("gemm", {"m": 128, "n": 128, "k": 128})
-    built = export_cuda(tune(w, H100, time_limit=2), tmp_path, "sm_80")
+    result = tune(w, H100, time_limit=2)
+    built = build_cuda(w, H100, result.plan, "sm_80")
+    export_cuda(result, tmp_path, "sm_80", built)
     done = subprocess.run([sys.executable, str(tmp_path / "schedule.py"), str(tmp_path / "again.cu")],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -202,13 +206,13 @@ def test_cli_exports_cuda_and_measure_says_why_it_cannot_run(tmp_path):
         pass
     done = _tune("gemm", "--M", "64", "--N", "64", "--K", "64", "--hardware", "h100", "--measure")
     assert done.returncode == 2
-    assert done.stderr.strip() == ("tune: error: --measure for cuda runs the kernel on a GPU: CuPy is not installed "
-                                   "(pip install cupy-cuda12x); --measure for cuda needs it")
+    assert done.stderr.strip() == ("tune: error: measuring a cuda kernel needs a GPU: CuPy is not installed "
+                                   "(pip install cupy-cuda12x)")
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--hardware", "h100", "--target", "llvm"], "--target llvm does not build for gpu hardware 'h100'"),
-    (["--hardware", "host", "--target", "cuda"], "--target cuda does not build for cpu hardware 'host'"),
+    (["--hardware", "h100", "--target", "llvm"], "--target llvm does not build for gpu hardware 'h100' (its backend is cuda)"),
+    (["--hardware", "host", "--target", "cuda"], "--target cuda does not build for cpu hardware 'host' (its backend is llvm)"),
     (["--hardware", "h100", "--stages", "0"], "argument --stages"),
     (["--hardware", "h100", "--arch", "sm_50"], "argument --arch: invalid choice"),
 ])

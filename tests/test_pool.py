@@ -6,7 +6,7 @@ import time
 import pytest
 
 from cachetile.api.pool import ProcessPool, WorkerError
-from cachetile.optimizer.tune import InfeasibleError
+from cachetile.models.errors import BuildFailed, Infeasible, InvalidInput, NoPlanInTime, Unavailable
 
 
 def steps(n, progress=None):
@@ -32,10 +32,15 @@ def test_result_and_progress_come_back_from_another_process():
 
 
 @pytest.mark.parametrize("exc,kind", [
-    (InfeasibleError("level 'L1' holds 8 bytes"), "infeasible"),
-    (ValueError("bad\ninput"), "invalid"),
-    (RuntimeError("no plan within 1 s"), "no-plan"),
-    (ImportError("No module named 'tvm'"), "unavailable"),
+    (Infeasible("level 'L1' holds 8 bytes"), "infeasible"),
+    (InvalidInput("bad\ninput"), "invalid"),
+    (NoPlanInTime("no plan within 1 s"), "no-plan"),
+    (BuildFailed("build failed: ScheduleError: ..."), "build-failed"),
+    (Unavailable("CuPy is not installed"), "unavailable"),
+    # Python's own types say nothing about who failed: TVM's errors subclass RuntimeError and
+    # ValueError, so neither may read as "no plan" or "invalid input".
+    (RuntimeError("no plan within 1 s"), "internal"),
+    (ValueError("bad\ninput"), "internal"),
     (KeyError("x"), "internal"),
 ])
 def test_errors_keep_their_kind_and_one_line(exc, kind):

@@ -15,28 +15,21 @@ models/caches.py; this module turns them into schedule primitives:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheRecord, CacheSite, Layout, cache_records, effective_tiles, input_caches, is_producer, micro_order, output_tile,
+    CacheSite, Layout, cache_records, effective_tiles, input_caches, is_producer, micro_order, output_tile,
     trips, walk,
 )
 from ..models.costmodel import parallel_candidates, parallel_loops
+from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import Plan
 from ..models.workload import Workload
-from .tensorir import block_name, pad_name, primfunc
+from .base import Emitted
+from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
 
 UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
-
-
-@dataclass
-class Emitted:
-    schedule: s_tir.Schedule
-    caches: list[CacheRecord]
-    padded: dict[str, int]
 
 
 class _Nests:
@@ -54,12 +47,12 @@ class _Nests:
 def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False) -> Emitted:
     """Schedule the workload's TensorIR by the plan (see the module docstring)."""
     if len(plan.levels) != len(hardware.levels):
-        raise ValueError(f"the plan has {len(plan.levels)} levels but the hardware {len(hardware.levels)}")
+        raise InvalidInput(f"the plan has {len(plan.levels)} levels but the hardware {len(hardware.levels)}")
     orders = [lv.order for lv in plan.levels]
     padded, tiles = effective_tiles(workload, [lv.tile for lv in plan.levels])
     names = [lv.name for lv in plan.levels]
     top = len(names) - 1
-    lanes = hardware.vector_bytes // workload.elem_bytes if hardware.vector_bytes else 1
+    lanes = hardware.target.vector_lanes(workload)
     sch = s_tir.Schedule(primfunc(workload, padded))
     blocks = {op.name: sch.get_sblock(block_name(workload, op, padded)) for op in workload.ops}
     nests = _Nests(workload, top)
@@ -81,11 +74,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
                          nests, padded, lanes, double_buffer, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
-    for name, t in workload.tensors.items():
-        if t.role == "input" and any(padded[x] != workload.dims[x] for x in t.dims):
-            # The zero-padding copy folds into the first cache that reads it.
-            if sch.get_consumers(sch.get_sblock(pad_name(name))):
-                sch.compute_inline(sch.get_sblock(pad_name(name)))
+    inline_padding(sch, workload, padded)
     return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer), padded)
 
 
@@ -132,18 +121,13 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
         sch.unroll(loop)
 
 
-def _read_index(sch, block, buffer_name: str) -> int:
-    return [r.source.name for r in sch.get(block).reads].index(buffer_name)
-
-
 def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer,
                  pipelined: list) -> None:
-    tdims = workload.tensors[sites[0].tensor].dims
-    source = pad_name(sites[0].tensor) if any(padded[x] != workload.dims[x] for x in tdims) else sites[0].tensor
+    source = source_name(workload, sites[0].tensor, padded)
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
         if not site.skipped:
-            made.append((sch.cache_read(block, _read_index(sch, block, source), "global"), site))
+            made.append((sch.cache_read(block, read_index(sch, block, source), "global"), site))
             source = sch.get(made[-1][0]).writes[0].source.name
     for cache, site in reversed(made):  # innermost first: a cache's readers must sit below it
         if site.key is not None:

@@ -1,4 +1,4 @@
-"""Compile an emitted schedule for the CPU and export it.
+"""Compile an emitted CPU schedule with LLVM and export it.
 
 `export` writes plan.json (the `tune --json` document), schedule.py (a
 standalone script that rebuilds exactly this schedule from the unscheduled
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import tvm
@@ -17,7 +16,8 @@ import tvm
 from ..models.hardware import Hardware
 from ..models.plan import Plan, TuneResult
 from ..models.workload import Workload
-from .emit import Emitted, emit
+from .base import Built, Emitted
+from .llvm_emit import emit
 from .tensorir import primfunc
 
 
@@ -33,17 +33,8 @@ def use_all_cores(hardware: Hardware) -> None:
     os.environ.setdefault("TVM_NUM_THREADS", str(hardware.cores))
 
 
-@dataclass
-class Built:
-    lib: object  # tvm.runtime.Executable
-    emitted: Emitted
-    seconds: float  # emit + compile
-
-
 def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False) -> Built:
-    """Emit the plan's schedule and compile it for the host CPU."""
-    if hardware.kind != "cpu":
-        raise ValueError(f"the llvm target builds CPU plans; hardware {hardware.name!r} is a {hardware.kind}")
+    """Emit the plan's schedule and compile it for the host CPU (`Built.lib`: a tvm Executable)."""
     use_all_cores(hardware)
     start = time.perf_counter()
     emitted = emit(workload, hardware, plan, double_buffer)
@@ -87,12 +78,14 @@ def schedule_script(workload: Workload, hardware: Hardware, emitted: Emitted) ->
     return rebuild_script(workload, emitted.padded, emitted.schedule, "kernel.so", main)
 
 
-def export(result: TuneResult, directory: str | Path, built: Built | None = None) -> Built:
-    """Write plan.json, schedule.py and kernel.so for the result's plan into `directory`."""
+def export(result: TuneResult, directory: str | Path, built: Built | None = None) -> list[str]:
+    """Write plan.json, schedule.py and kernel.so for the result's plan into `directory`; returns
+    the file names."""
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     built = built or build(result.workload, result.hardware, result.plan)
-    (out / "plan.json").write_text(result.model_dump_json(indent=2) + "\n")
+    plan = result.plan.model_copy(update={"caches": built.emitted.caches})
+    (out / "plan.json").write_text(result.model_copy(update={"plan": plan}).model_dump_json(indent=2) + "\n")
     (out / "schedule.py").write_text(schedule_script(result.workload, result.hardware, built.emitted))
     built.lib.export_library(str(out / "kernel.so"))
-    return built
+    return ["plan.json", "schedule.py", "kernel.so"]

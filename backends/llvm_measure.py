@@ -1,0 +1,88 @@
+"""Run a built CPU kernel: check it against numpy and time both in one process.
+
+numpy is the reference twice over: its result is the correctness check, and
+its speed (np.matmul per op, so two calls for a chain) is the baseline the
+kernel's GFLOP/s is compared with. Both timings are medians of >= 10 runs.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+import tvm
+
+from ..models.measurement import Measurement, compare, measurement, random_inputs, reference
+from ..models.workload import Workload
+
+Progress = Callable[[float, str], None]
+
+
+def kernel_args(workload: Workload, arrays: dict[str, np.ndarray], device=None) -> list:
+    """Device tensors in signature order: the given arrays, zeros for the rest (the outputs)."""
+    dev = device or tvm.cpu()
+    return [tvm.runtime.tensor(arrays[n] if n in arrays else np.zeros(workload.shape(n), workload.dtype), dev)
+            for n in workload.signature]
+
+
+def time_kernel(lib, args: list, repeat: int = 10, device=None) -> float:
+    """Median seconds of `repeat` calls of kernel "main" (after one warm-up), each at least 20 ms of calls."""
+    timer = lib.time_evaluator("main", device or tvm.cpu(), number=1, repeat=repeat + 1, min_repeat_ms=20)
+    return statistics.median(timer(*args).results[1:])
+
+
+def run_kernel(workload: Workload, lib, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Call kernel "main" with the arrays in signature order; returns the outputs."""
+    args = kernel_args(workload, arrays)
+    lib["main"](*args)
+    return {n: a.numpy() for n, a in zip(workload.signature, args) if n not in arrays}
+
+
+def check(workload: Workload, lib, seed: int = 0) -> float:
+    """Run the kernel on random inputs; raise KernelMismatch unless it matches numpy. Returns max |error|."""
+    arrays = random_inputs(workload, seed)
+    expected = reference(workload)({n: a.astype(np.float64) for n, a in arrays.items()})
+    return compare(workload, run_kernel(workload, lib, arrays), expected)
+
+
+def _median_seconds(fn, repeat: int) -> float:
+    fn()  # warm up
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def cpu_name() -> str:
+    """The CPU model, as /proc/cpuinfo names it."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def measure_built(workload: Workload, lib, build_seconds: float | None, repeat: int = 10,
+                  progress: Progress | None = None) -> Measurement:
+    """Check a built kernel against numpy, and time both (median of `repeat` >= 10)."""
+    repeat = max(repeat, 10)
+    report = progress or (lambda fraction, message: None)
+    arrays = random_inputs(workload, seed=1)
+    ref = reference(workload)
+    # numpy first: TVM's pool threads spin for a while after each kernel call and would
+    # steal the cores OpenBLAS needs.
+    time.sleep(0.2)
+    report(0.0, "timing numpy")
+    numpy_s = _median_seconds(lambda: ref(arrays), repeat)
+    report(0.5, "checking against numpy")
+    error = check(workload, lib)
+    report(0.6, "timing the kernel")
+    kernel = time_kernel(lib.mod, kernel_args(workload, arrays), repeat)
+    report(1.0, "done")
+    return measurement(workload, kernel, numpy_s, error, device=cpu_name(), reference="numpy", build_s=build_seconds)

@@ -1,0 +1,111 @@
+"""What a measured kernel reports, and the reference it is checked against; no TVM here.
+
+Every backend answers with the same Measurement (the CPU one against numpy,
+the CUDA one against cuBLAS), so the plan document, the service's jobs and
+the reports read one shape. The reference computation and the tolerance check
+live here too, so each backend checks the same way.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from .errors import InvalidInput, KernelMismatch
+from .workload import Workload
+
+# Relative tolerance per dtype, scaled by the result's magnitude (sums of many products).
+TOLERANCE = {"float32": 1e-3, "float64": 1e-9, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+class Measurement(BaseModel):
+    """A kernel and its reference, timed side by side in one process (medians)."""
+
+    device: str = Field(description="where it ran, e.g. the CPU model or the GPU name")
+    reference: str = Field(description="what it is compared with: numpy (np.matmul per op) or cuBLAS")
+    kernel_gflops: float
+    reference_gflops: float
+    ratio: float = Field(description="kernel speed over the reference's (> 1: faster)")
+    max_abs_error: float
+    kernel_seconds: float = Field(description="median")
+    reference_seconds: float = Field(description="median")
+    build_seconds: float | None = Field(None, description="emit + compile, when built in this process")
+
+
+def measurement(workload: Workload, kernel_s: float, reference_s: float, error: float, *, device: str,
+                reference: str, build_s: float | None = None) -> Measurement:
+    """A Measurement from the two median times."""
+    flops = workload.flops
+    return Measurement(device=device, reference=reference, kernel_gflops=flops / kernel_s / 1e9,
+                       reference_gflops=flops / reference_s / 1e9, ratio=reference_s / kernel_s,
+                       max_abs_error=error, kernel_seconds=kernel_s, reference_seconds=reference_s,
+                       build_seconds=build_s)
+
+
+class Export(BaseModel):
+    """Files a backend wrote for one plan, and the checks they passed."""
+
+    directory: str
+    files: list[str] = Field(description="names inside `directory`")
+    checks: list[str] = Field([], description="e.g. 'nvcc -arch=sm_90: compiled'")
+
+
+def random_inputs(workload: Workload, seed: int = 0, dtype: str | None = None) -> dict[str, np.ndarray]:
+    """Standard-normal arrays for the workload's inputs (in its dtype unless one is given)."""
+    if workload.dtype not in TOLERANCE:
+        raise InvalidInput(f"measuring supports {', '.join(TOLERANCE)}; got {workload.dtype}")
+    rng = np.random.default_rng(seed)
+    return {name: rng.standard_normal(workload.shape(name)).astype(dtype or _numpy_dtype(workload.dtype))
+            for name, t in workload.tensors.items() if t.role == "input"}
+
+
+def _numpy_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes  # numpy has no bfloat16; TVM's dependency ml_dtypes provides it
+
+        return ml_dtypes.bfloat16
+    return dtype
+
+
+def op_function(workload: Workload, op, xp=np) -> Callable:
+    """One op with array module `xp` (numpy or CuPy): matmul when it is a (batched) matrix
+    product, else einsum."""
+    dims = [workload.tensors[t].dims for t in op.inputs]
+    out = workload.tensors[op.output].dims
+    if len(dims) == 2 and len(dims[0]) == len(dims[1]) == len(out) >= 2:
+        (*b0, m, k), (*b1, k2, n), (*bo, mo, no) = dims[0], dims[1], out
+        if b0 == b1 == bo and k == k2 and (m, n) == (mo, no) and len({m, n, k}) == 3:
+            return xp.matmul
+    spec = workload.einsum(op)
+    return lambda *arrays: xp.einsum(spec, *arrays, optimize=True)
+
+
+def reference(workload: Workload, xp=np) -> Callable[[dict], dict]:
+    """A function from input arrays to every tensor the ops compute."""
+    fns = [(op_function(workload, op, xp), op) for op in workload.ops]
+
+    def run(arrays: dict) -> dict:
+        values = dict(arrays)
+        for fn, op in fns:
+            values[op.output] = fn(*[values[t] for t in op.inputs])
+        return values
+
+    return run
+
+
+def compare(workload: Workload, got: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> float:
+    """Raise KernelMismatch, naming the element, unless every output in `got` matches `expected`
+    within the dtype's tolerance scaled by the result's magnitude. Returns the largest |error|."""
+    rtol = TOLERANCE[workload.dtype]
+    worst = 0.0
+    for name, value in got.items():
+        ref = np.asarray(expected[name], dtype=np.float64)
+        value = np.asarray(value).astype(np.float64)
+        err = np.abs(value - ref)
+        limit = rtol * (np.abs(ref) + np.abs(ref).max(initial=0.0))
+        if not np.all(err <= limit):
+            i = np.unravel_index(int(np.argmax(err - limit)), err.shape)
+            raise KernelMismatch(f"{name}{[int(v) for v in i]} = {value[i]}, the reference says {ref[i]} (rtol {rtol})")
+        worst = max(worst, float(err.max()) if err.size else 0.0)
+    return worst

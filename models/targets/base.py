@@ -1,0 +1,115 @@
+"""What every target shares, and the hooks each kind of machine overrides.
+
+A target is the strategy for one kind of machine: how its innermost level
+holds data (the register model), what a level's usage is, how far the
+arithmetic falls short of peak, which tiles and orders are legal, and what a
+plan adds on it (caches, a launch). The cost model and the optimizer call
+these hooks; they never ask which kind of machine they are on.
+
+The base class is the plain model: every level holds the full blocks of the
+tensors it works on, intermediates stay in the kernel at the outermost level,
+and any tile that nests is legal. It also serves when no hardware is given.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from ..hardware import Hardware
+    from ..workload import Op, Workload
+
+
+class Target:
+    name: ClassVar[str] = "plain"
+    backends: ClassVar[tuple[str, ...]] = ("llvm",)  # backends that build its plans; the first is the default
+    registers_share_issue: ClassVar[bool] = False  # level 0's link time adds to compute (see SimdCpu)
+    polish_grows: ClassVar[bool] = True  # polish breaks model ties towards fuller levels
+    fine_candidates: ClassVar[bool] = True  # tile candidates include the block-count and small-integer sets
+    default_stages: ClassVar[int] = 1
+    # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
+    # stopped after budget.GPU_SECONDS, "exact" is enumerate with the NLP solver as fallback.
+    auto_strategy: ClassVar[str] = "exact"
+
+    def __init__(self, hardware: Hardware | None):
+        self.hardware = hardware
+
+    # --- cost model ------------------------------------------------------------------------
+    def register_weights(self, workload: Workload) -> dict[tuple[str, str], int] | None:
+        """Per (op, tensor), the cost of an element moved into level 0 (None: plain DV)."""
+        return None
+
+    def local_level(self, n_levels: int) -> int:
+        """The level from which a fused chain's intermediates stay inside the kernel."""
+        return n_levels - 1
+
+    def output_level(self, level: int, n_levels: int) -> int | None:
+        """The level whose walk moves outputs into `level` (None: `level` itself)."""
+        return None
+
+    def level_usage(self, workload: Workload, level: int, tile: Mapping, stages: int = 1) -> np.ndarray:
+        """MU of `level` in bytes for (arrays of) tiles."""
+        from ..costmodel import memory_usage
+
+        return memory_usage(workload, tile)
+
+    def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping]) -> np.ndarray | float:
+        """The fraction of peak one op's inner loop can issue at (1: peak)."""
+        return 1.0
+
+    def launch_stretch(self, workload: Workload, tiles: Sequence[Mapping], stages: int) -> np.ndarray | float:
+        """How much longer the whole plan's arithmetic takes than at peak, beyond each op's own."""
+        return 1.0
+
+    # --- search space -------------------------------------------------------------------
+    def vector_lanes(self, workload: Workload) -> int:
+        """Elements of the workload's dtype in one SIMD register (1: no SIMD)."""
+        return 1
+
+    def lanes(self, workload: Workload) -> dict[str, int]:
+        """Per loop, the multiple its tiles take (vector lanes on SIMD machines)."""
+        return {x: 1 for x in workload.dims}
+
+    def leading_loops(self, workload: Workload) -> list[str]:
+        """Loops every order must start with (in some order)."""
+        return []
+
+    def outer_loops(self, workload: Workload) -> list[str]:
+        """Loops that may be tiled at levels >= 2 (the others keep their whole extent there)."""
+        return list(workload.dims)
+
+    def tile_rule(self, workload: Workload, x: str, tiles: np.ndarray, level: int | None, lanes: int) -> np.ndarray | bool:
+        """The target's own rule on loop x's tiles at `level`, on top of nesting."""
+        return True
+
+    def level_filter(self, workload: Workload, level: int, tiles: Sequence[Mapping], stages: int):
+        """Enumerate's per-level check of whole tile rows (tiles from `level` outwards), or None."""
+        return None
+
+    def orders_at(self, level: int, orders: list) -> list:
+        """The order classes worth searching at `level`."""
+        return orders
+
+    def compute_floor(self, workload: Workload, level: int, tile: Mapping, stages: int) -> np.ndarray | float:
+        """A lower bound on launch_stretch given only `level`'s tiles (enumerate's bound)."""
+        return 1.0
+
+    def launchable(self, workload: Workload, tiles: Sequence[Mapping], stages: int) -> np.ndarray | bool:
+        """Whether the plan can be launched at all (True off GPUs)."""
+        return True
+
+    def check_stages(self, stages: int) -> None:
+        """Raise InvalidInput unless the machine has shared-memory stages to rotate."""
+        from ..errors import InvalidInput
+
+        if stages > 1:
+            name = self.hardware.name if self.hardware is not None else "this hardware"
+            raise InvalidInput(f"stages apply to GPU shared memory; {name!r} is a CPU (use --double-buffer)")
+
+    # --- plan --------------------------------------------------------------------------
+    def plan_extras(self, workload: Workload, names: list[str], orders, tiles, stages: int):
+        """What the plan document adds on this machine: (cache records, launch or None)."""
+        from ..caches import plan_caches
+
+        return plan_caches(workload, names, orders, tiles), None

@@ -1,0 +1,93 @@
+"""CUDA GPUs: level 0 is a thread's registers (the thread tile), level 1 a block's shared
+memory (the block tile), outer levels the caches the grid walks through (models/gpu.py).
+
+Threads stream their fragments from shared memory (a broadcast to a warp still
+issues a load per thread), accumulators persist through the block's walk, and
+a chain's intermediates stay in shared memory. The grid's loops (spatial for
+every op) come first in every order; the other loops run serially inside a
+block, so at levels >= 2 they keep their whole extent, and a thread steps
+through its reductions one at a time.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import gpu
+from .base import Target
+
+
+class CudaGpu(Target):
+    name = "cuda-gpu"
+    backends = ("cuda",)
+    polish_grows = False  # fuller shared memory costs resident blocks
+    fine_candidates = False  # divisors and powers of two only: odd block shapes waste threads and warps
+    default_stages = 2
+    auto_strategy = "capped"
+
+    def register_weights(self, workload):
+        return {(op.name, t): 1 for op in workload.ops for t in [*op.inputs, op.output]}
+
+    def local_level(self, n_levels):
+        return min(1, n_levels - 1)
+
+    def output_level(self, level, n_levels):
+        # A thread's accumulators move only when the block walk leaves their block.
+        return 1 if level == 0 and n_levels > 1 else None
+
+    def level_usage(self, workload, level, tile, stages=1):
+        if level == 0:
+            return gpu.registers(workload, tile) * gpu.REGISTER_BYTES
+        if level == 1:
+            return gpu.shared_bytes(workload, tile, stages)
+        return super().level_usage(workload, level, tile, stages)
+
+    def launch_stretch(self, workload, tiles, stages):
+        """Wave quantisation and too few resident warps (gpu.Launch.slowdown)."""
+        if len(tiles) < 2:
+            return 1.0
+        return gpu.launch(workload, self.hardware, tiles, stages).slowdown(self.hardware)
+
+    def leading_loops(self, workload):
+        return gpu.block_loops(workload)
+
+    def outer_loops(self, workload):
+        return gpu.block_loops(workload)
+
+    def tile_rule(self, workload, x, tiles, level, lanes):
+        if level is not None and level >= 2 and x not in gpu.block_loops(workload):
+            return tiles == workload.dims[x]  # a block runs its serial loops whole
+        if level == 0 and x in _thread_steps(workload):
+            return tiles == 1  # a thread's reduction step changes no cost; take one at a time
+        return True
+
+    def level_filter(self, workload, level, tiles, stages):
+        if level == 0:
+            return self.launchable(workload, tiles, stages)
+        if level == 1:
+            return gpu.block_has_warps(workload, self.hardware, tiles[0])
+        return None
+
+    def orders_at(self, level, orders):
+        return orders[:1] if level == 0 else orders  # a thread's loop order changes nothing
+
+    def compute_floor(self, workload, level, tile, stages):
+        if level != 1:
+            return 1.0
+        return gpu.slowdown_floor(workload, self.hardware, tile, stages)[None, :]
+
+    def launchable(self, workload, tiles, stages):
+        return gpu.launch(workload, self.hardware, tiles, stages).feasible
+
+    def check_stages(self, stages):
+        pass
+
+    def plan_extras(self, workload, names, orders, tiles, stages):
+        from ..caches import gpu_cache_records
+
+        return gpu_cache_records(workload, names, orders, tiles, stages), gpu.launch_plan(workload, self.hardware, tiles, stages)
+
+
+def _thread_steps(workload) -> list[str]:
+    """Loops indexing no output: the reductions a thread steps through."""
+    outputs = {x for op in workload.ops for x in workload.tensors[op.output].dims}
+    return [x for x in workload.dims if x not in outputs]
