@@ -77,10 +77,10 @@ def _add_workloads(sub, parents: list[argparse.ArgumentParser]) -> None:
                            help=f"defaults to {default.upper()}" if default else None)
         p.add_argument(_flag("b"), dest="b", type=_positive_int, required=kind.batch == "required",
                        help="a batch loop b indexing every tensor")
-        p.set_defaults(kind=kind.name)
+        p.set_defaults(kind=kind.name, from_file=False)
     wl = sub.add_parser("workload", parents=parents, help="a workload from a JSON file")
     wl.add_argument("file")
-    wl.set_defaults(kind="workload")
+    wl.set_defaults(kind="workload", from_file=True)
 
 
 def _capacities(text: str) -> list[int]:
@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _workload(args) -> Workload:
-    if args.kind == "workload":
+    if args.from_file:
         return workload_from_dict(read_json(args.file))
     kind = KINDS[args.kind]
     dims = {x: getattr(args, x) for x in ["b", *kind.loops] if getattr(args, x) is not None}
@@ -221,12 +221,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tune: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except Exception as exc:
-        kind = kind_of(exc)
-        if kind == "internal" and os.environ.get("CACHETILE_DEBUG"):
+        what = kind_of(exc)
+        if what == "internal" and os.environ.get("CACHETILE_DEBUG"):
             raise
-        prefix = "internal error: " if kind == "internal" else ""
+        prefix = "internal error: " if what == "internal" else ""
         print(f"tune: error: {prefix}{one_line(exc)}", file=sys.stderr)
-        return exit_status(kind)
+        return exit_status(what)
 
 
 if __name__ == "__main__":

@@ -134,11 +134,11 @@ def _scip_model(space: Space, choice):
     return m, lambda: [{x: pyo.value(m.T[j, x]) for x in space.loops} for j in range(n)]
 
 
-def _run(kind: str, model, seconds: float) -> str:
+def _run(engine: str, model, seconds: float) -> str:
     """Solve with a time limit; returns Pyomo's termination condition as text."""
     import pyomo.environ as pyo
 
-    if kind == "ipopt":
+    if engine == "ipopt":
         import pyomo_ripopt  # noqa: F401  (registers the 'ripopt' solver)
 
         solver = pyo.SolverFactory("ripopt")
@@ -193,8 +193,8 @@ def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
     return list(seen.values())
 
 
-def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult:
-    build = _ipopt_model if kind == "ipopt" else _scip_model
+def _solve(space: Space, deadline: Deadline, top: int, engine: str) -> SolveResult:
+    build = _ipopt_model if engine == "ipopt" else _scip_model
     choices = _level_choices(space)
     best = TopK(max(top, 1))
     solved = [0]
@@ -207,7 +207,7 @@ def _solve(space: Space, deadline: Deadline, top: int, kind: str) -> SolveResult
         if deadline.expired() or at_bound():
             return None
         model, extract = build(space, choice)
-        cond = _run(kind, model, deadline.left())
+        cond = _run(engine, model, deadline.left())
         conditions.append(cond)
         solved[0] += 1
         if cond in ("infeasible", "unknown") or cond.startswith(("error", "other")):

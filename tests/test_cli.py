@@ -239,3 +239,20 @@ def test_export_into_a_file_path_is_one_line(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     bad("gemm", "--M", "16", "--N", "16", "--K", "16", "--export", str(blocker / "sub"), match="Not a directory")
+
+
+def test_a_tvm_failure_inside_a_build_is_reported_as_build_failed(monkeypatch, capsys):
+    """TVM's errors subclass RuntimeError; they must read "build failed" with TVM's own message,
+    never "no plan within the time limit"."""
+    from cachetile.api import cli
+    from cachetile.backends import llvm_emit
+
+    def vectorize_a_reduction(sch, nests, op, micro):  # TVM refuses: k is not data parallel
+        sch.vectorize(nests.loops[(op.name, (micro[0], -1))])
+
+    monkeypatch.setattr(llvm_emit, "_micro_kernel", vectorize_a_reduction)
+    status = cli.main(["gemm", "--M", "32", "--N", "32", "--K", "32", "--measure"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert status == 1 and len(err) == 1
+    assert err[0].startswith('tune: error: build failed: ScheduleError: The "vectorize" cannot be fulfilled'), err
+    assert "not a data parallel block iter" in err[0] and "no feasible plan" not in err[0]

@@ -1,5 +1,7 @@
 """The REST service through a real uvicorn server on loopback."""
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -178,7 +180,6 @@ def test_job_errors_are_reported(server):
 
 
 def test_measure_job(server):
-    pytest.importorskip("cachetile.backends.measure")
     body = {**GEMM, "workload": {"kind": "gemm", "dims": {"m": 64, "n": 64, "k": 64}}, "hardware": "host", "top": 1}
     r = httpx.post(f"{server}/v1/jobs", json=body, timeout=30)
     seen = poll(server, r.json()["id"], {"done", "failed"}, timeout_s=300)
@@ -189,7 +190,30 @@ def test_measure_job(server):
     result = done["result"]
     assert len(result["measurements"]) == 1 + len(result["plan"]["alternatives"])
     for m in result["measurements"]:
-        assert m["kernel_gflops"] > 0 and m["max_abs_error"] < 1e-3
+        assert m["kernel_gflops"] > 0 and m["max_abs_error"] < 1e-3 and m["reference"] == "numpy"
+    assert [e["files"] for e in result["exports"]] == [["plan.json", "schedule.py", "kernel.so"]] * len(result["measurements"])
+    assert all(Path(e["directory"], "kernel.so").stat().st_size > 0 for e in result["exports"])
+
+
+def test_gpu_job_exports_checked_cuda_and_says_why_it_was_not_measured(server):
+    """A GPU job on a server without a GPU builds and exports every plan (nvcc-checked where
+    nvcc exists) and finishes; that measuring needs a GPU is part of its result, not a failure."""
+    body = {"workload": {"kind": "gemm", "dims": {"m": 128, "n": 96, "k": 64}}, "hardware": "h100", "top": 1}
+    r = httpx.post(f"{server}/v1/jobs", json=body, timeout=30)
+    assert r.status_code == 202
+    done = poll(server, r.json()["id"], {"done", "failed"}, timeout_s=300)[-1]
+    assert done["status"] == "done", done["error"]
+    result = done["result"]
+    plans = 1 + len(result["plan"]["alternatives"])
+    assert [e["files"] for e in result["exports"]] == [["plan.json", "schedule.py", "kernel.cu", "launch.json"]] * plans
+    for e in result["exports"]:
+        source = Path(e["directory"], "kernel.cu").read_text()
+        assert '__global__' in source and "blockIdx.x" in source
+        assert e["checks"] == ["nvcc -arch=sm_90: " + ("compiled" if shutil.which("nvcc") else
+                                                          "not checked (nvcc is not on PATH)")]
+    if importlib.util.find_spec("cupy") is None:
+        assert result["measurements"] is None
+        assert result["note"].startswith("not measured: cuda kernels run on a GPU, and this server has none (CuPy")
 
 
 def test_serve_flags():
