@@ -23,6 +23,8 @@ def default_path() -> Path:
 class PlanCache:
     """A persistent map from cache key to plan document."""
 
+    TABLES = ("CREATE TABLE IF NOT EXISTS plans (key TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL)",)
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self._created = False  # the file is made on first use, not when the app is built
@@ -31,10 +33,10 @@ class PlanCache:
     def _db(self) -> Iterator[sqlite3.Connection]:
         if not self._created:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            with sqlite3.connect(self.path, timeout=30) as db:  # both statements are idempotent under races
+            with sqlite3.connect(self.path, timeout=30) as db:  # every statement is idempotent under races
                 db.execute("PRAGMA journal_mode=WAL")
-                db.execute("CREATE TABLE IF NOT EXISTS plans "
-                           "(key TEXT PRIMARY KEY, document TEXT NOT NULL, created REAL NOT NULL)")
+                for table in self.TABLES:
+                    db.execute(table)
             db.close()
             self._created = True
         db = sqlite3.connect(self.path, timeout=30)

@@ -7,6 +7,8 @@
     tune hardware [NAME|FILE.json]
     tune gemm ... [--target llvm] [--export DIR] [--measure]   (build the plan's kernel)
     tune gemm ... --hardware h100 --target cuda --arch sm_90 [--stages N] [--export DIR] [--measure]
+    tune gemm ... --autotune K [--rpc HOST:PORT:KEY [--target-host TARGET]]   (measure the top K plans)
+    tune hardware host --from-measurements   (refit it to the plans autotuning measured)
     tune pareto [--level NAME] gemm-chain --M 256 ...   (any workload command above)
     tune serve [--host 127.0.0.1] [--port 8000]
 
@@ -26,6 +28,9 @@ from ..models.hardware import PRESETS, hardware_from, read_json
 from ..models.workload import DTYPE_BYTES, KINDS, Workload, builtin, workload_from_dict
 from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
+from ..backends.rpc_tracker import parse_rpc
+from .autotune import TRIAL_TIMEOUT_S, AutotuneResult, autotune_command, format_autotune
+from .measurements import refit_command
 from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
 from .report import format_hardware, format_measurement, format_pareto, format_table
@@ -60,6 +65,13 @@ def _number(cast, minimum, inclusive=True):
 _positive_int = _number(int, 1)
 _nonnegative_int = _number(int, 0)
 _positive_float = _number(float, 0, inclusive=False)
+
+
+def _rpc(text: str) -> str:
+    try:
+        return str(parse_rpc(text))
+    except InvalidInput as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _flag(loop: str) -> str:
@@ -106,6 +118,14 @@ def build_parser() -> argparse.ArgumentParser:
                      help="build, check against numpy, and print GFLOP/s beside numpy's (medians of 10 runs)")
     top.add_argument("--double-buffer", action="store_true",
                      help="with --export/--measure: software-pipeline the input caches' copies (two buffers each)")
+    top.add_argument("--autotune", type=_number(int, 1), default=0, metavar="K",
+                     help="build, check and time the model's top K distinct plans; return the fastest (cached)")
+    top.add_argument("--rpc", type=_rpc, metavar="HOST:PORT:KEY",
+                     help="with --autotune: measure on the servers of this TVM RPC tracker")
+    top.add_argument("--target-host", metavar="TARGET",
+                     help="with --rpc: the servers' LLVM target, 'llvm -mtriple=T -mcpu=C' (default: ask a server)")
+    top.add_argument("--trial-timeout", type=_positive_float, default=TRIAL_TIMEOUT_S, metavar="S",
+                     help=f"with --autotune: seconds one candidate's measurement may take (default {TRIAL_TIMEOUT_S:g})")
     sweep = _Parser(add_help=False)
     sweep.add_argument("--level", action="append", help="a level name (repeatable; default every level)")
     sweep.add_argument("--points", type=_number(int, 2), default=12, help="capacities per level (default 12)")
@@ -117,6 +137,8 @@ def build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hardware", help="list presets, or show one")
     hw.add_argument("name", nargs="?")
     hw.add_argument("--json", action="store_true")
+    hw.add_argument("--from-measurements", action="store_true",
+                    help="refit its peak and bandwidths to the plans autotuning measured on it (models/refit.py)")
     pa = sub.add_parser("pareto", help="least DV for each capacity of a level: the DV/MU trade-off")
     _add_workloads(pa.add_subparsers(dest="kind", required=True, parser_class=_Parser), [solve, sweep])
     sv = sub.add_parser("serve", help="run the REST service")
@@ -167,6 +189,8 @@ def run(argv: list[str]) -> int:
                 print("presets: " + ", ".join(PRESETS) + "  (tune hardware NAME for details)")
             return 0
         hw = hardware_from(args.name)
+        if args.from_measurements:
+            return refit_command(hw, args.json)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0
     if args.command == "pareto":
@@ -179,8 +203,9 @@ def run(argv: list[str]) -> int:
     hardware = hardware_from(args.hardware)
     backend = backend_for(hardware, args.target)
     request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
-                          time_limit=args.time_limit, top=args.top, stages=args.stages)
-    result = request.solve()
+                          time_limit=args.time_limit, top=args.top, stages=args.stages, autotune=args.autotune,
+                          rpc=args.rpc, target_host=args.target_host)
+    result = autotune_command(request, args.trial_timeout) if request.autotune else request.solve()
     measurement, exported = None, None
     if args.export is not None or args.measure:
         options = BuildOptions(double_buffer=args.double_buffer, arch=args.arch)
@@ -200,6 +225,8 @@ def run(argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(result))
+        if isinstance(result, AutotuneResult):
+            print(format_autotune(result))
         if exported is not None:
             print(f"exported {', '.join(exported.files)} to {exported.directory}" +
                   "".join(f"; {c}" for c in exported.checks))

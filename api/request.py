@@ -9,13 +9,16 @@ import hashlib
 import json
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model
+from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model,
+                      field_validator, model_validator)
 
 from ..models.errors import InvalidInput
 from ..models.hardware import PRESETS, Hardware, preset
 from ..models.plan import TuneResult
 from ..models.workload import KINDS, MAX_EXTENT, Dtype, Kind, Workload, builtin
+from ..backends.rpc_tracker import parse_rpc
 from ..optimizer.tune import SOLVERS, tune
+from .autotune import MAX_AUTOTUNE
 from .errors import one_line
 
 MAX_TOP = 100
@@ -94,6 +97,26 @@ class PlanRequest(BaseModel):
     time_limit: float = Field(10.0, gt=0, allow_inf_nan=False, description="seconds the solver may take")
     top: int = Field(3, ge=0, le=MAX_TOP, description="alternatives to return besides the plan")
     stages: int | None = Field(None, ge=1, le=8, description="GPU: buffers per shared-memory input cache (default 2)")
+    autotune: int = Field(0, ge=0, le=MAX_AUTOTUNE, description="build and time the model's top K distinct plans and "
+                          "return the measured fastest (0: the model's choice, unmeasured)")
+    rpc: str | None = Field(None, description="with autotune: HOST:PORT:KEY of a TVM RPC tracker whose servers "
+                            "measure the candidates")
+    target_host: str | None = Field(None, description="with rpc: the servers' LLVM target, 'llvm -mtriple=T -mcpu=C' "
+                                    "or its JSON form (default: asked from a server)")
+
+    @field_validator("rpc")
+    @classmethod
+    def _rpc_address(cls, value: str | None) -> str | None:
+        return None if value is None else str(parse_rpc(value))
+
+    @model_validator(mode="after")
+    def _measuring_options(self) -> PlanRequest:
+        if self.rpc is not None:
+            if not self.autotune:
+                raise InvalidInput("rpc measures autotune candidates: set autotune (--autotune K) too")
+        if self.target_host is not None and self.rpc is None:
+            raise InvalidInput("target_host (--target-host) compiles for RPC servers: set rpc (--rpc) too")
+        return self
 
     def cache_key(self) -> str:
         """A hash of everything the answer depends on (the resolved workload and hardware, the solver options)."""
@@ -105,10 +128,17 @@ class PlanRequest(BaseModel):
             "top": self.top,
             "stages": self.stages,
         }
+        if self.autotune:  # only then, so the keys of plain plans stay as they were
+            data.update(autotune=self.autotune, rpc=self.rpc, target_host=self.target_host)
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
-    def solve(self) -> TuneResult:
-        """Run the optimizer; raises as `tune` does."""
+    def solve(self, progress=None, store=None) -> TuneResult:
+        """Run the optimizer, and with `autotune` measure its top plans (api/autotune.py, keeping
+        them in `store`); raises as `tune` and `autotune` do."""
+        if self.autotune:
+            from .autotune import autotune
+
+            return autotune(self, progress, store)
         return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top, self.stages)
 
 

@@ -32,6 +32,7 @@ class BuildOptions:
 
     double_buffer: bool = False  # llvm: software-pipeline the input caches' copies
     arch: str = "sm_90"  # cuda: the architecture the source is generated for
+    target: dict | None = None  # llvm: compile for this LLVM target (mtriple, mcpu) instead of this machine
 
 
 @dataclass
@@ -53,6 +54,16 @@ class Built:
     seconds: float  # emit + compile
     source: str | None = None
     launches: list[dict] = field(default_factory=list)  # GPU: per kernel, grid, block, shared bytes, args
+
+
+@dataclass
+class Trial:
+    """One plan's outcome in `Backend.measure_plans`: its Measurement, or why it was dropped."""
+
+    measurement: Measurement | None = None
+    error: str | None = None  # one line
+    kind: str | None = None  # the error's kind (build-failed, mismatch, timeout, unavailable)
+    threads: int | None = None  # the threads the kernel ran on, when known
 
 
 class Backend:
@@ -98,6 +109,25 @@ class Backend:
         and time both. Raises Unavailable where this machine cannot run it, KernelMismatch on
         a wrong result."""
         raise NotImplementedError
+
+    def measure_plans(self, result: TuneResult, plans: list[Plan], repeat: int = 10,
+                      progress: Progress | None = None, options: BuildOptions | None = None,
+                      remote=None, timeout: float = 30.0) -> list[Trial]:
+        """Build, check and time each plan (of `result`'s workload and hardware); a plan that
+        fails gives a Trial with its reason, and the others go on. `remote` (an
+        rpc_tracker.RpcAddress) measures on a TVM RPC fleet, where the backend can; `timeout`
+        bounds each plan's measurement. This default measures one plan after another."""
+        if remote is not None:
+            raise InvalidInput(f"--rpc measures llvm kernels; the {self.name} backend cannot measure remotely")
+        trials = []
+        for i, plan in enumerate(plans):
+            step = None if progress is None else \
+                (lambda f, m, i=i: progress((i + f) / len(plans), f"plan {i + 1} of {len(plans)}: {m}"))
+            try:
+                trials.append(Trial(self.measure(result, plan, repeat, step, options=options)))
+            except CachetileError as exc:
+                trials.append(Trial(error=str(exc), kind=exc.kind))
+        return trials
 
     def _build(self, workload, hardware, plan, options) -> Built:
         raise NotImplementedError

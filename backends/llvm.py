@@ -12,7 +12,7 @@ class LlvmBackend(Backend):
     def _build(self, workload, hardware, plan, options: BuildOptions) -> Built:
         from .llvm_build import build
 
-        return build(workload, hardware, plan, options.double_buffer)
+        return build(workload, hardware, plan, options.double_buffer, options.target)
 
     def _export(self, result, directory, options, built):
         from .llvm_build import export
@@ -24,6 +24,11 @@ class LlvmBackend(Backend):
 
         built = built or self.build(result.workload, result.hardware, plan or result.plan, options)
         return measure_built(result.workload, built.lib, built.seconds, repeat, progress)
+
+    def measure_plans(self, result, plans, repeat=10, progress=None, options=None, remote=None, timeout=30.0):
+        from .llvm_trials import measure_plans
+
+        return measure_plans(self, result, plans, repeat, progress, options or BuildOptions(), remote, timeout)
 
 
 register(LlvmBackend())

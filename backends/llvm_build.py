@@ -33,12 +33,15 @@ def use_all_cores(hardware: Hardware) -> None:
     os.environ.setdefault("TVM_NUM_THREADS", str(hardware.cores))
 
 
-def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False) -> Built:
-    """Emit the plan's schedule and compile it for the host CPU (`Built.lib`: a tvm Executable)."""
+def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool = False,
+          target: dict | None = None) -> Built:
+    """Emit the plan's schedule and compile it for the host CPU, or for `target`'s mtriple and
+    mcpu (cross-compiling for an RPC server); `Built.lib` is a tvm Executable."""
     use_all_cores(hardware)
     start = time.perf_counter()
     emitted = emit(workload, hardware, plan, double_buffer)
-    lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(llvm_target(hardware)))
+    target = {**llvm_target(hardware), **{k: v for k, v in (target or {}).items() if k in ("mtriple", "mcpu")}}
+    lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(target))
     return Built(lib, emitted, time.perf_counter() - start)
 
 

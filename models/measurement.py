@@ -25,20 +25,23 @@ class Measurement(BaseModel):
     device: str = Field(description="where it ran, e.g. the CPU model or the GPU name")
     reference: str = Field(description="what it is compared with: numpy (np.matmul per op) or cuBLAS")
     kernel_gflops: float
-    reference_gflops: float
-    ratio: float = Field(description="kernel speed over the reference's (> 1: faster)")
+    reference_gflops: float | None = Field(description="null when the kernel ran on another machine (--rpc)")
+    ratio: float | None = Field(description="kernel speed over the reference's (> 1: faster); null as above")
     max_abs_error: float
     kernel_seconds: float = Field(description="median")
-    reference_seconds: float = Field(description="median")
+    reference_seconds: float | None = Field(description="median; null when the kernel ran on another machine")
     build_seconds: float | None = Field(None, description="emit + compile, when built in this process")
 
 
-def measurement(workload: Workload, kernel_s: float, reference_s: float, error: float, *, device: str,
+def measurement(workload: Workload, kernel_s: float, reference_s: float | None, error: float, *, device: str,
                 reference: str, build_s: float | None = None) -> Measurement:
-    """A Measurement from the two median times."""
+    """A Measurement from the two median times (the reference's None when it was not timed beside
+    the kernel, on the machine the kernel ran on)."""
     flops = workload.flops
+    ref = reference_s is not None
     return Measurement(device=device, reference=reference, kernel_gflops=flops / kernel_s / 1e9,
-                       reference_gflops=flops / reference_s / 1e9, ratio=reference_s / kernel_s,
+                       reference_gflops=flops / reference_s / 1e9 if ref else None,
+                       ratio=reference_s / kernel_s if ref else None,
                        max_abs_error=error, kernel_seconds=kernel_s, reference_seconds=reference_s,
                        build_seconds=build_s)
 

@@ -1,0 +1,145 @@
+"""Measure several CPU plans of one workload: here, one after another, or on a TVM RPC fleet.
+
+Every plan runs on the same random inputs and is checked against one numpy
+result; here numpy is timed once, beside the kernels (an RPC server has no
+numpy reference, so remote Measurements leave the reference fields null). A
+plan that fails to build, disagrees with numpy, or would take longer than the
+time limit is reported with its reason, and the others go on.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..models.errors import CachetileError
+from ..models.measurement import compare, measurement, random_inputs, reference
+from ..models.plan import Plan, TuneResult
+from ..models.workload import Workload
+from .base import Backend, BuildOptions, Built, Progress, Trial
+
+
+class TooSlow(CachetileError):
+    """One run shows that timing the kernel would pass its time limit."""
+
+    kind = "timeout"
+
+
+@dataclass
+class Kernel:
+    """A kernel (a loaded module, or an exported file for a server), its inputs, and the numpy
+    outputs it must match."""
+
+    name: str
+    path: str | None
+    workload: Workload
+    inputs: dict[str, np.ndarray]
+    expected: dict[str, np.ndarray]
+
+
+def run_and_time(kernel: Kernel, lib, device, repeat: int, limit: float | None = None) -> tuple[float, float]:
+    """Call the kernel once and check it (KernelMismatch), then time it: (median s, max |error|).
+    TooSlow instead when that one call shows the timing would pass `limit` seconds."""
+    from .llvm_measure import kernel_args, time_kernel
+
+    w = kernel.workload
+    args = kernel_args(w, kernel.inputs, device)
+    start = time.perf_counter()
+    lib["main"](*args)
+    once = time.perf_counter() - start
+    outputs = {n: a.numpy() for n, a in zip(w.signature, args) if n not in kernel.inputs}
+    error = compare(w, outputs, kernel.expected)
+    needed = (repeat + 1) * max(once, 0.02)  # time_kernel: repeat + 1 rounds of >= 20 ms
+    if limit is not None and needed > limit:
+        raise TooSlow(f"one run took {once:.3g} s, so timing it would take about {needed:.0f} s, "
+                      f"past the {limit:g} s limit")
+    return time_kernel(lib, args, repeat, device), error
+
+
+def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repeat: int, progress: Progress | None,
+                  options: BuildOptions, remote, timeout: float) -> list[Trial]:
+    """Backend.measure_plans for llvm: build each plan, then measure here or on `remote`."""
+    from .llvm_measure import _median_seconds
+
+    report = progress or (lambda fraction, message: None)
+    w = result.workload
+    inputs = random_inputs(w, seed=1)
+    ref = reference(w)
+    computed = ref({n: a.astype(np.float64) for n, a in inputs.items()})
+    expected = {n: v for n, v in computed.items() if n not in inputs}
+    target, threads = options.target, None
+    if remote is not None:  # ask first: the pre-flight fails in one line before anything is built
+        from .rpc import remote_target
+
+        found = remote_target(remote, timeout)
+        target, threads = target or found, found["num-cores"]
+    else:  # numpy once, first: TVM's pool threads spin after each kernel call and would slow OpenBLAS
+        report(0.0, "timing numpy")
+        numpy_s = _median_seconds(lambda: ref(inputs), repeat)
+    options = BuildOptions(options.double_buffer, options.arch, target)
+    trials: list[Trial | None] = [None] * len(plans)
+    built: dict[int, Built] = {}
+    share = 0.5 if remote is not None else 0.0  # of the progress, for building when building comes first
+    for i, plan in enumerate(plans):
+        if remote is None:
+            report(i / len(plans), f"building plan {i + 1} of {len(plans)}")
+        else:
+            report(share * i / len(plans), f"building plan {i + 1} of {len(plans)}")
+        try:
+            built[i] = backend.build(w, result.hardware, plan, options)
+        except CachetileError as exc:
+            trials[i] = Trial(error=str(exc), kind=exc.kind)
+            continue
+        if remote is None:
+            report((i + 0.5) / len(plans), f"timing plan {i + 1} of {len(plans)}")
+            trials[i] = _local(Kernel(f"plan-{i}", None, w, inputs, expected), built.pop(i), numpy_s, repeat, timeout)
+    if remote is not None:
+        _remote(w, built, inputs, expected, trials, remote, target, threads, repeat, timeout,
+                lambda done: report(share + (1 - share) * done / max(len(built), 1),
+                                    f"measured {done} of {len(built)} on the fleet"))
+    report(1.0, "done")
+    return trials
+
+
+def _local(kernel: Kernel, built: Built, numpy_s: float, repeat: int, timeout: float) -> Trial:
+    import tvm
+
+    from .llvm_measure import cpu_name
+
+    threads = int(tvm.get_global_func("runtime.NumThreads")())
+    try:
+        seconds, error = run_and_time(kernel, built.lib.mod, tvm.cpu(), repeat, timeout)
+    except CachetileError as exc:
+        return Trial(error=str(exc), kind=exc.kind, threads=threads)
+    m = measurement(kernel.workload, seconds, numpy_s, error, device=cpu_name(), reference="numpy",
+                    build_s=built.seconds)
+    return Trial(m, threads=threads)
+
+
+def _remote(w, built: dict[int, Built], inputs, expected, trials, remote, target, threads, repeat, timeout,
+            progress) -> None:
+    from .rpc import export_for, measure_remote
+
+    with tempfile.TemporaryDirectory(prefix="cachetile-rpc-") as tmp:
+        order = sorted(built)
+        kernels = [Kernel(f"plan-{i}", export_for(built[i].lib, os.path.join(tmp, f"plan-{i}.so"),
+                                                  target.get("mtriple")), w, inputs, expected) for i in order]
+        done = []
+
+        def on_event(event: str, name: str, server: str) -> None:
+            if event == "done":
+                done.append(name)
+                progress(len(done))
+
+        results = measure_remote(kernels, remote, timeout=timeout, repeat=repeat, on_event=on_event)
+    for i, r in zip(order, results):
+        if not r.ok:
+            trials[i] = Trial(error=r.error, kind=r.kind, threads=threads)
+            continue
+        device = f"{target.get('mcpu', 'cpu')} via RPC {r.server}"
+        m = measurement(w, r.seconds, None, r.max_abs_error, device=device, reference="numpy",
+                        build_s=built[i].seconds)
+        trials[i] = Trial(m, threads=threads)
