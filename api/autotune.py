@@ -13,6 +13,7 @@ store (api/measurements.py) for `models.refit`.
 """
 from __future__ import annotations
 
+import json
 import math
 import time
 
@@ -32,6 +33,7 @@ MAX_AUTOTUNE = 32
 REPEAT = 10  # timed runs per candidate (medians)
 TRIAL_TIMEOUT_S = 30.0  # per candidate's measurement (per RPC session with --rpc)
 PLAN_SHARE = 0.1  # of the progress, for the solve
+BUILD_ALLOWANCE_S = 30.0  # per candidate, in the service's limit on a whole autotune
 # Plans the solver is asked for per candidate wanted: its ranking lists many plans that emit
 # the same kernel (orders that differ only in loops running once), e.g. 16 plans of gemm
 # 96x80x72 are 2 kernels, 128 are 15; asking for more costs little (0.2 s for 256).
@@ -137,6 +139,18 @@ def autotune(request, progress: Progress | None = None, store=None,
                                 source=source) for i in ran])
     return AutotuneResult(workload=w, hardware=hw, plan=plans[ran[0]], solver=result.solver,
                           alternatives=[plans[i] for i in ran[1:]], autotune=report_)
+
+
+def autotune_limit(request) -> float:
+    """When the service kills an autotune's process: a solve's limit plus, per candidate, a
+    build's allowance and the measurement's limit."""
+    return 2 * request.time_limit + 10 + request.autotune * (BUILD_ALLOWANCE_S + TRIAL_TIMEOUT_S)
+
+
+def parse_document(doc: str) -> TuneResult:
+    """A `tune --json` document as the model it is: AutotuneResult when it has `autotune`."""
+    data = json.loads(doc)
+    return (AutotuneResult if "autotune" in data else TuneResult).model_validate(data)
 
 
 def _all_failed(trials) -> CachetileError:

@@ -19,38 +19,36 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from ..models.errors import InvalidInput
 from ..models.measurement import Export, Measurement
 from ..models.plan import TuneResult
 from . import worker
+from .autotune import AutotuneResult, parse_document
 from .plans import PlanService
 from .pool import ProcessPool, WorkerError
 from .progress import scaled
-from .request import PlanRequest
+from .request import PlanRequest, check_measurable
 
 State = Literal["queued", "running", "done", "failed", "cancelled"]
 PLAN_SHARE = 0.1  # of the fraction done, when the job also measures
+AUTOTUNE_SHARE = 0.8  # of the fraction done, for planning when planning autotunes (it measures)
 KEEP = 1000  # finished jobs remembered
-MAX_MEASURE_BYTES = 2**30  # measuring allocates every tensor, twice (kernel and numpy)
 
 
 class JobRequest(PlanRequest):
     measure: bool = Field(True, description="build, export and time the plan and each alternative on the server "
-                          "(GPU plans are exported and checked only, unless the server has a GPU)")
+                          "(GPU plans are exported and checked only, unless the server has a GPU); with autotune, "
+                          "the autotune's measurements are reported and the plans only built and exported")
     repeat: int = Field(10, ge=10, le=1000, description="timing runs per kernel (median reported)")
 
     @model_validator(mode="after")
     def _small_enough_to_measure(self) -> JobRequest:
-        w = self.workload
-        size = int(sum(w.size(n) for n in w.tensors)) * w.elem_bytes
-        if self.measure and size > MAX_MEASURE_BYTES:
-            raise InvalidInput(f"measuring needs {size} bytes of tensors, more than {MAX_MEASURE_BYTES}; "
-                             "ask with measure false for the plan alone")
+        if self.measure:
+            check_measurable(self.workload)
         return self
 
 
 class JobResult(BaseModel):
-    plan: TuneResult = Field(description="the document `tune --json` prints")
+    plan: AutotuneResult | TuneResult = Field(description="the document `tune --json` prints")
     measurements: list[Measurement] | None = Field(
         None, description="per plan, then per alternative; null when not measured (see note)")
     exports: list[Export] | None = Field(None, description="per plan, then per alternative: the files written")
@@ -105,19 +103,19 @@ class JobService:
         job.status = "running"
         self._progress(job, 0.0, "planning")
         plan_request = PlanRequest(**{name: getattr(request, name) for name in PlanRequest.model_fields})
+        report = lambda f, m: self._progress(job, f, m)  # noqa: E731
+        share = AUTOTUNE_SHARE if request.autotune else PLAN_SHARE
         try:
-            doc, _ = await self.plans.get(plan_request)
+            doc, _ = await self.plans.get(plan_request, scaled(report, 0.0, share) if request.autotune else None)
             built = {}
             if request.measure:
-                self._progress(job, PLAN_SHARE, "building")
-                built = await self.pool.run(
-                    worker.build_plans, doc, request.repeat, str(self.exports / job.id),
-                    progress=scaled(lambda f, m: self._progress(job, f, m), PLAN_SHARE, 1.0),
-                )
+                self._progress(job, share, "building")
+                built = await self.pool.run(worker.build_plans, doc, request.repeat, str(self.exports / job.id),
+                                            progress=scaled(report, share, 1.0))
         except WorkerError as exc:
             self._finish(job, "failed", exc.kind, str(exc))
             return
-        job.result = JobResult(plan=TuneResult.model_validate_json(doc), **built)
+        job.result = JobResult(plan=parse_document(doc), **built)
         job.fraction = 1.0
         self._finish(job, "done", "done")
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 import asyncio
 
 from . import worker
+from .autotune import autotune_limit
 from .cache import PlanCache
 from .pool import ProcessPool
+from .progress import Progress
 from .request import PlanRequest
 
 
@@ -20,20 +22,22 @@ def hard_limit(time_limit: float) -> float:
 
 
 class PlanService:
-    def __init__(self, cache: PlanCache, pool: ProcessPool):
-        self.cache, self.pool = cache, pool
+    def __init__(self, cache: PlanCache, pool: ProcessPool, measure_pool: ProcessPool | None = None):
+        # Autotuning requests measure kernels: they run in the pool that runs one measurement at a time.
+        self.cache, self.pool, self.measure_pool = cache, pool, measure_pool or pool
         self._solving: dict[str, asyncio.Future] = {}
         self._waiting: dict[str, int] = {}
 
-    async def get(self, request: PlanRequest) -> tuple[str, bool]:
-        """The plan document and whether it came from the cache; raises pool.WorkerError."""
+    async def get(self, request: PlanRequest, progress: Progress | None = None) -> tuple[str, bool]:
+        """The plan document and whether it came from the cache; raises pool.WorkerError.
+        `progress` hears how an autotune goes (only the caller that starts a solve hears it)."""
         key = request.cache_key()
         cached = await asyncio.to_thread(self.cache.get, key)
         if cached is not None:
             return cached, True
         solving = self._solving.get(key)
         if solving is None:
-            solving = asyncio.ensure_future(self._solve(key, request))
+            solving = asyncio.ensure_future(self._solve(key, request, progress))
             self._solving[key] = solving
             solving.add_done_callback(lambda done: self._forget(key, done))
         self._waiting[key] = self._waiting.get(key, 0) + 1
@@ -51,6 +55,10 @@ class PlanService:
         if not done.cancelled():
             done.exception()  # retrieved here, so an error nobody waited for is not logged as lost
 
-    async def _solve(self, key: str, request: PlanRequest) -> str:
-        doc = await self.pool.run(worker.plan_document, request, timeout=hard_limit(request.time_limit))
+    async def _solve(self, key: str, request: PlanRequest, progress: Progress | None) -> str:
+        if request.autotune:
+            doc = await self.measure_pool.run(worker.plan_document, request, str(self.cache.path), progress=progress,
+                                              timeout=autotune_limit(request))
+        else:
+            doc = await self.pool.run(worker.plan_document, request, timeout=hard_limit(request.time_limit))
         return await asyncio.to_thread(self.cache.put, key, doc)

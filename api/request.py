@@ -22,6 +22,7 @@ from .autotune import MAX_AUTOTUNE
 from .errors import one_line
 
 MAX_TOP = 100
+MAX_MEASURE_BYTES = 2**30  # measuring allocates every tensor, twice (kernel and numpy)
 
 # The short forms of the built-in workloads, generated from models.workload.KINDS and typed, so
 # the schema says what a valid body is.
@@ -116,6 +117,8 @@ class PlanRequest(BaseModel):
                 raise InvalidInput("rpc measures autotune candidates: set autotune (--autotune K) too")
         if self.target_host is not None and self.rpc is None:
             raise InvalidInput("target_host (--target-host) compiles for RPC servers: set rpc (--rpc) too")
+        if self.autotune:
+            check_measurable(self.workload)
         return self
 
     def cache_key(self) -> str:
@@ -140,6 +143,14 @@ class PlanRequest(BaseModel):
 
             return autotune(self, progress, store)
         return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top, self.stages)
+
+
+def check_measurable(workload: Workload) -> None:
+    """Raise InvalidInput when measuring the workload would allocate more than MAX_MEASURE_BYTES."""
+    size = int(sum(workload.size(n) for n in workload.tensors)) * workload.elem_bytes
+    if size > MAX_MEASURE_BYTES:
+        raise InvalidInput(f"measuring needs {size} bytes of tensors, more than {MAX_MEASURE_BYTES}; "
+                           "ask with measure false (and no autotune) for the plan alone")
 
 
 def document(result: TuneResult) -> str:

@@ -73,8 +73,9 @@ def _worker_error(exc: WorkerError) -> JSONResponse:
 def create_app(settings: Settings) -> FastAPI:
     """The service, with its cache at settings.cache_path and its process pools."""
     cache = PlanCache(settings.cache_path)
-    plans = PlanService(cache, ProcessPool(settings.workers))
-    jobs = JobService(plans, ProcessPool(1), settings.exports or settings.cache_path.parent / "exports")
+    measure_pool = ProcessPool(1)  # one measurement at a time, so timings do not share the CPU
+    plans = PlanService(cache, ProcessPool(settings.workers), measure_pool)
+    jobs = JobService(plans, measure_pool, settings.exports or settings.cache_path.parent / "exports")
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
