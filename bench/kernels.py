@@ -86,17 +86,30 @@ def kernel_rows(workloads, hw, time_limit):
                  rows)
 
 
-def metaschedule_rows(workloads, hw, trials, time_limit):
+def metaschedule_kernel(w, hw, trials):
+    """MetaSchedule's kernel for `w` after `trials` trials, and the seconds to it (tuning + compiling)."""
     import tvm
     from tvm.s_tir import meta_schedule as ms
 
-    from cachetile import tune
     from cachetile.backends.llvm_build import llvm_target
-    from cachetile.backends.llvm_measure import kernel_args, time_kernel
     from cachetile.backends.tensorir import primfunc
-    from cachetile.models.measurement import random_inputs
 
     target = tvm.target.Target(llvm_target(hw))
+    mod = tvm.IRModule({"main": primfunc(w)})
+    with tempfile.TemporaryDirectory() as work, contextlib.redirect_stdout(sys.stderr):  # its logs
+        start = time.perf_counter()
+        db = ms.tune_tir(mod, target, work, max_trials_global=trials, num_trials_per_iter=64,
+                         num_tuning_cores=hw.cores)
+        sch = ms.tir_integration.compile_tir(db, mod, target)
+        lib = tvm.compile(sch.mod, target=target)
+        return time.perf_counter() - start, lib
+
+
+def metaschedule_rows(workloads, hw, trials, time_limit):
+    from cachetile import tune
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
+
     rows = []
     for name, w in workloads:
         start = time.perf_counter()
@@ -108,14 +121,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
         rows.append((name, "cachetile", f"{ours_s:.2f}", f"{ours:.1f}", "1.00", "1.00"))
         for n in trials:
             log(f"metaschedule: {name}, {n} trials")
-            mod = tvm.IRModule({"main": primfunc(w)})
-            with tempfile.TemporaryDirectory() as work, contextlib.redirect_stdout(sys.stderr):  # its logs
-                start = time.perf_counter()
-                db = ms.tune_tir(mod, target, work, max_trials_global=n, num_trials_per_iter=64,
-                                 num_tuning_cores=hw.cores)
-                sch = ms.tir_integration.compile_tir(db, mod, target)
-                lib = tvm.compile(sch.mod, target=target)
-                secs = time.perf_counter() - start
+            secs, lib = metaschedule_kernel(w, hw, n)
             gflops = w.flops / time_kernel(lib.mod, args) / 1e9
             rows.append((name, f"MetaSchedule {n}", f"{secs:.1f}", f"{gflops:.1f}", f"{secs / ours_s:.0f}",
                          f"{ours / gflops:.2f}"))

@@ -96,19 +96,21 @@ def scaled(hardware: Hardware, peak: float, bandwidths: list[float]) -> Hardware
                                        "source": f"{hardware.source or hardware.name}, refitted to measurements"})
 
 
-def _predict(hardware: Hardware, records: list[MeasuredPlan]) -> np.ndarray:
-    """The cost model's own predictions (make_plan), the reference the fit is judged by."""
-    return np.array([make_plan(r.workload, hardware, [lp.order for lp in r.plan.levels],
-                               [lp.tile for lp in r.plan.levels],
-                               r.plan.launch.stages if r.plan.launch else 1).predicted_seconds for r in records])
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float | None:
+def agreement(hardware: Hardware, records: list[MeasuredPlan]) -> tuple[float, float, float | None]:
+    """How well the cost model on `hardware` predicts the records: the root mean square of
+    ln(predicted / measured), the median of predicted / measured, and Spearman's rank correlation
+    (None for fewer than 3 records or constant values). Costs each plan with make_plan."""
     from scipy.stats import spearmanr
 
-    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return None
-    return float(spearmanr(a, b).statistic)
+    predicted = np.array([make_plan(r.workload, hardware, [lp.order for lp in r.plan.levels],
+                                    [lp.tile for lp in r.plan.levels],
+                                    r.plan.launch.stages if r.plan.launch else 1).predicted_seconds for r in records])
+    measured = np.array([r.measured_seconds for r in records])
+    ratio = predicted / measured
+    rho = None
+    if len(records) >= 3 and np.ptp(predicted) > 0 and np.ptp(measured) > 0:
+        rho = float(spearmanr(predicted, measured).statistic)
+    return float(np.sqrt(np.mean(np.log(ratio) ** 2))), float(np.median(ratio)), rho
 
 
 def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
@@ -138,17 +140,13 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
             for x0 in (np.zeros(n + 1), np.clip(np.full(n + 1, uniform), -BOUND, BOUND))]
     theta = min(fits, key=lambda f: f.cost).x
     fitted = scaled(hardware, float(np.exp(theta[0])), [float(np.exp(t)) for t in theta[1:]])
-    seconds = np.exp(measured)
-    before, after = _predict(hardware, records), _predict(fitted, records)
+    (rms0, median0, rho0), (rms1, median1, rho1) = agreement(hardware, records), agreement(fitted, records)
     return Fit(
         hardware=fitted,
         peak_multiplier=float(np.exp(theta[0])),
         bandwidth_multipliers={lv.name: float(np.exp(t)) for lv, t in zip(hardware.levels, theta[1:])},
         records=len(records),
-        rms_log_error_before=float(np.sqrt(np.mean(np.log(before / seconds) ** 2))),
-        rms_log_error_after=float(np.sqrt(np.mean(np.log(after / seconds) ** 2))),
-        median_ratio_before=float(np.median(before / seconds)),
-        median_ratio_after=float(np.median(after / seconds)),
-        spearman_before=_spearman(before, seconds),
-        spearman_after=_spearman(after, seconds),
+        rms_log_error_before=rms0, rms_log_error_after=rms1,
+        median_ratio_before=median0, median_ratio_after=median1,
+        spearman_before=rho0, spearman_after=rho1,
     )
