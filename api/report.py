@@ -56,7 +56,7 @@ def format_table(result: TuneResult) -> str:
     for i, alt in enumerate(result.alternatives, 1):
         delta = alt.predicted_seconds / plan.predicted_seconds - 1
         tiles = "; ".join(f"{lp.name} " + ",".join(str(t) for t in lp.tile.values()) for lp in alt.levels)
-        lines.append(f"alternative {i}: {_seconds(alt.predicted_seconds)} (+{100 * delta:.2f}%), bound by {alt.bottleneck}: {tiles}")
+        lines.append(f"alternative {i}: {_seconds(alt.predicted_seconds)} ({100 * delta:+.2f}%), bound by {alt.bottleneck}: {tiles}")
     return "\n".join(lines)
 
 

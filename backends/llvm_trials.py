@@ -4,9 +4,10 @@ Every plan runs on the same random inputs and is checked against one numpy
 result; here numpy is timed once, beside the kernels (an RPC server has no
 numpy reference, so remote Measurements leave the reference fields null). A
 plan that fails to build, disagrees with numpy, or would take longer than the
-time limit is reported with its reason, and the others go on. Here, the
-leaders (within 10% of the fastest) are timed twice and keep their faster
-median, so one burst of another process does not decide the pick.
+time limit is reported with its reason, and the others go on. Here, every
+candidate is timed twice (the second time in reverse order) and the leaders
+(within 10% of the fastest) a third time, each keeping its fastest median, so
+one burst of another process does not decide the pick.
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from ..models.workload import Workload
 from .base import Backend, BuildOptions, Built, Progress, Trial
 
 
-LEADERS_MARGIN = 0.10  # candidates this close to the fastest are timed a second time
+LEADERS_MARGIN = 0.10  # candidates this close to the fastest are timed a third time
 MAX_LEADERS = 3
 
 
@@ -91,7 +92,7 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
     share = 0.5 if remote is not None else 0.0  # of the progress, for building when building comes first
     for i, plan in enumerate(plans):
         if remote is None:
-            report(i / len(plans), f"building plan {i + 1} of {len(plans)}")
+            report(0.95 * i / len(plans), f"building plan {i + 1} of {len(plans)}")
         else:
             report(share * i / len(plans), f"building plan {i + 1} of {len(plans)}")
         try:
@@ -100,10 +101,11 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
             trials[i] = Trial(error=str(exc), kind=exc.kind)
             continue
         if remote is None:
-            report((i + 0.5) / len(plans), f"timing plan {i + 1} of {len(plans)}")
+            report(0.95 * (i + 0.5) / len(plans), f"timing plan {i + 1} of {len(plans)}")
             trials[i] = _local(Kernel(f"plan-{i}", None, w, inputs, expected), built[i], numpy_s, repeat, timeout)
     if remote is None:
-        _confirm_leaders(w, trials, built, inputs, numpy_s, repeat)
+        report(0.95, "timing the candidates again")
+        _retime(w, trials, built, inputs, numpy_s, repeat)
     else:
         _remote(w, built, inputs, expected, trials, remote, target, threads, repeat, timeout,
                 lambda done: report(share + (1 - share) * done / max(len(built), 1),
@@ -112,25 +114,28 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
     return trials
 
 
-def _confirm_leaders(w: Workload, trials: list[Trial], built: dict[int, Built], inputs, numpy_s: float,
-                     repeat: int) -> None:
-    """Time the candidates within LEADERS_MARGIN of the fastest once more (at most MAX_LEADERS) and
-    keep each one's faster median: on a shared machine another tenant only ever slows a timing
-    down, and a burst during one candidate's timing would otherwise decide the pick."""
+def _retime(w: Workload, trials: list[Trial], built: dict[int, Built], inputs, numpy_s: float, repeat: int) -> None:
+    """Time every candidate that ran once more, in reverse order, then the leaders (within
+    LEADERS_MARGIN of the fastest, at most MAX_LEADERS) a third time; each keeps its fastest
+    median. On a shared machine another process only ever slows a timing down, and a burst
+    during one candidate's single timing would otherwise decide the pick."""
     import tvm
 
     from .llvm_measure import kernel_args, time_kernel
 
-    ran = sorted((t.measurement.kernel_seconds, i) for i, t in enumerate(trials) if t and t.measurement)
-    leaders = [i for seconds, i in ran if seconds <= ran[0][0] * (1 + LEADERS_MARGIN)][:MAX_LEADERS] if ran else []
-    if len(leaders) < 2:
-        return
     args = kernel_args(w, inputs)
-    for i in leaders:
-        m = trials[i].measurement
-        seconds = min(m.kernel_seconds, time_kernel(built[i].lib.mod, args, repeat, tvm.cpu()))
-        trials[i].measurement = measurement(w, seconds, numpy_s, m.max_abs_error, device=m.device,
-                                            reference=m.reference, build_s=m.build_seconds)
+
+    def again(indices):
+        for i in indices:
+            m = trials[i].measurement
+            seconds = min(m.kernel_seconds, time_kernel(built[i].lib.mod, args, repeat, tvm.cpu()))
+            trials[i].measurement = measurement(w, seconds, numpy_s, m.max_abs_error, device=m.device,
+                                                reference=m.reference, build_s=m.build_seconds)
+
+    again([i for i in reversed(range(len(trials))) if trials[i] and trials[i].measurement])
+    ran = sorted((t.measurement.kernel_seconds, i) for i, t in enumerate(trials) if t and t.measurement)
+    leaders = [i for seconds, i in ran if seconds <= ran[0][0] * (1 + LEADERS_MARGIN)][:MAX_LEADERS]
+    again(leaders if len(leaders) > 1 else [])
 
 
 def _local(kernel: Kernel, built: Built, numpy_s: float, repeat: int, timeout: float) -> Trial:

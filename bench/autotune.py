@@ -10,8 +10,9 @@ is timed in several rounds, its fastest round counts):
 
 1. quality: per workload, `autotune()` with K candidates, then a pool of >= `--pool` plans (the
    autotuned one, the model's next distinct plans, random feasible ones to fill up) timed in
-   `--rounds` interleaved rounds; the autotuned plan's time over the pool's fastest, the model's
-   own choice's too, and the autotuned kernel against numpy;
+   `--rounds` interleaved rounds (each plan's fastest round counts); the autotuned plan's time
+   over the pool's fastest, the model's own choice's too, the autotuned kernel against numpy,
+   and the noise: the median over the pool of (slowest round / fastest round - 1);
 2. time to a kernel on gemm 1024^3 and bert-base attention: plan + autotune-K + build against
    MetaSchedule with each trial count, both kernels then timed side by side;
 3. RPC on loopback: the same K plans measured here and through a tracker with two one-thread
@@ -74,8 +75,7 @@ def pool_for(w, hw, first, size, rng):
 
 
 def time_side_by_side(w, libs, rounds, rng):
-    """Each kernel's fastest median time over `rounds` interleaved rounds in shuffled order (on a
-    shared machine other tenants only slow a timing down)."""
+    """Each kernel's median time in each of `rounds` interleaved rounds in shuffled order."""
     from cachetile.backends.llvm_measure import kernel_args, time_kernel
     from cachetile.models.measurement import random_inputs
 
@@ -86,7 +86,7 @@ def time_side_by_side(w, libs, rounds, rng):
         rng.shuffle(order)
         for i in order:
             times[i].append(time_kernel(libs[i], args))
-    return [min(t) for t in times]
+    return times
 
 
 def numpy_seconds(w):
@@ -111,20 +111,23 @@ def quality_rows(workloads, hw, k, pool_size, rounds, store, seed=0):
         model = next((p for c, p in zip(a.candidates, ran) if c.rank == 0), None)  # None: it was dropped
         plans = pool_for(w, hw, [result.plan] + ([model] if model else []), pool_size, rng)
         log(f"quality: {name}: timing a pool of {len(plans)} plans, {rounds} rounds")
-        times = time_side_by_side(w, [llvm().build(w, hw, p).lib.mod for p in plans], rounds, rng)
-        numpy_s, fastest = numpy_seconds(w), min(times)
+        numpy_s = numpy_seconds(w)
+        runs = time_side_by_side(w, [llvm().build(w, hw, p).lib.mod for p in plans], rounds, rng)
+        times = [min(r) for r in runs]  # on a shared machine other tenants only slow a timing down
+        fastest, spread = min(times), float(np.median([max(r) / min(r) - 1 for r in runs]))
         model_t = times[[signature(w, p) for p in plans].index(signature(w, model))] if model else None
         ratios.append(times[0] / fastest)
         vs_numpy.append(numpy_s / times[0])
         rows.append((name, f"{a.seconds:.1f}", str(a.measured), str(a.chosen_rank), str(len(plans)),
                      f"{times[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}", f"{times[0] / fastest:.3f}",
-                     "-" if model_t is None else f"{model_t / fastest:.3f}", f"{numpy_s / times[0]:.2f}"))
+                     "-" if model_t is None else f"{model_t / fastest:.3f}", f"{numpy_s / times[0]:.2f}",
+                     f"{100 * spread:.0f}%"))
         store.add([MeasuredPlan(workload=w, hardware=hw, plan=p, measured_seconds=t, device=a.device,
                                 threads=hw.cores, source="bench/autotune.py") for p, t in zip(plans, times)])
     geomean = [float(np.exp(np.mean(np.log(v)))) for v in (ratios, vs_numpy)]
-    rows.append(("geomean", "", "", "", "", "", "", f"{geomean[0]:.3f}", "", f"{geomean[1]:.2f}"))
+    rows.append(("geomean", "", "", "", "", "", "", f"{geomean[0]:.3f}", "", f"{geomean[1]:.2f}", ""))
     return table(("workload", "plan+autotune s", "measured", "chosen rank", "pool", "chosen ms", "fastest ms",
-                  "chosen/fastest", "model's/fastest", "chosen vs numpy"), rows)
+                  "chosen/fastest", "model's/fastest", "chosen vs numpy", "round spread"), rows)
 
 
 def metaschedule_rows(workloads, hw, k, trials, rounds):
@@ -143,8 +146,7 @@ def metaschedule_rows(workloads, hw, k, trials, rounds):
             secs, lib = metaschedule_kernel(w, hw, n)
             libs.append(lib.mod)
             seconds.append(secs)
-        times = time_side_by_side(w, libs, rounds, rng)
-        gflops = [w.flops / t / 1e9 for t in times]
+        gflops = [w.flops / min(t) / 1e9 for t in time_side_by_side(w, libs, rounds, rng)]
         for label, secs, g in zip([f"cachetile autotune {k}", *[f"MetaSchedule {n}" for n in trials]], seconds, gflops):
             rows.append((name, label, f"{secs:.1f}", f"{g:.1f}", f"{secs / ours_s:.1f}", f"{gflops[0] / g:.2f}"))
     return table(("workload", "method", "seconds to a kernel", "GFLOP/s", "its seconds / ours", "our GFLOP/s / its"),
@@ -210,6 +212,7 @@ def refit_rows(hw, store, workloads):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hardware", default="host")
+    ap.add_argument("--cores", type=int, help="plan for (and run on) this many cores instead of the hardware's")
     ap.add_argument("--k", type=int, default=8)
     ap.add_argument("--pool", type=int, default=24)
     ap.add_argument("--rounds", type=int, default=3)
@@ -232,6 +235,9 @@ def main():
         # One thread here too: a one-core plan still shares its packing copies among TVM's threads.
         os.environ["TVM_NUM_THREADS"] = "1"
     hw = hardware_from(args.hardware)
+    if args.cores:
+        hw = hw.model_copy(update={"cores": args.cores})
+        os.environ["TVM_NUM_THREADS"] = str(args.cores)
     use_all_cores(hw)
     workloads = [(n, builtin(kind, dims)) for n, kind, dims in WORKLOADS if not args.only or n in args.only]
     store = MeasurementStore(args.store or os.path.join(tempfile.mkdtemp(), "measurements.sqlite"))

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from cachetile import builtin, preset
+from cachetile import builtin, make_plan, preset
 from cachetile.api.autotune import AutotuneResult, autotune, distinct, signature
 from cachetile.api.measurements import MeasurementStore
 from cachetile.api.request import PlanRequest
@@ -22,6 +22,7 @@ from cachetile.models.measurement import TOLERANCE
 HOST = preset("host")
 W = builtin("gemm", {"m": 50, "n": 40, "k": 36})  # no power of two
 TUNE = [sys.executable, "-m", "cachetile.api.cli"]
+HOST_PLAN = make_plan(W, HOST, [["m", "n", "k"]] * 4, [W.dims] * 4)
 
 
 def request(k, **kw):
@@ -55,8 +56,6 @@ def test_returns_the_measured_fastest_of_k_distinct_plans(tmp_path):
 
 
 def test_distinct_drops_plans_that_differ_only_in_loops_that_run_once():
-    from cachetile import make_plan
-
     tiles = [{"m": 10, "n": 16, "k": 1}, {"m": 10, "n": 40, "k": 36}, W.dims, W.dims]
     a = make_plan(W, HOST, [["m", "n", "k"]] * 4, tiles)
     b = make_plan(W, HOST, [["n", "m", "k"], *[["m", "n", "k"]] * 3], tiles)  # m runs once at registers
@@ -145,3 +144,25 @@ def test_bad_autotune_flags_are_one_line(tmp_path, monkeypatch, capsys, args, ma
     lines = err.strip().splitlines()
     assert status == 2 and len(lines) == 1 and lines[0].startswith("tune: error: ") and out == "", err
     assert match in lines[0], lines[0]
+
+
+def test_the_default_measure_plans_goes_on_past_a_failure():
+    """Backends without a batch runner (cuda) measure one plan after another through `measure`."""
+    from cachetile.backends.base import Backend
+    from cachetile.models.errors import InvalidInput, KernelMismatch
+    from cachetile.models.measurement import measurement
+
+    class OneByOne(Backend):
+        name = "test"
+
+        def measure(self, result, plan=None, repeat=10, progress=None, built=None, options=None):
+            if plan.predicted_seconds == 2.0:
+                raise KernelMismatch("C[0, 0] = 1, the reference says 2 (rtol 0.001)")
+            return measurement(W, plan.predicted_seconds, 1.0, 0.0, device="test", reference="numpy")
+
+    plans = [p.model_copy(update={"predicted_seconds": s}) for p, s in zip([HOST_PLAN] * 3, [1.0, 2.0, 3.0])]
+    trials = OneByOne().measure_plans(None, plans)
+    assert [t.measurement.kernel_seconds if t.measurement else t.kind for t in trials] == [1.0, "mismatch", 3.0]
+    assert trials[1].error == "C[0, 0] = 1, the reference says 2 (rtol 0.001)"
+    with pytest.raises(InvalidInput, match="the test backend cannot measure remotely"):
+        OneByOne().measure_plans(None, plans, remote="127.0.0.1:9190:cpu")

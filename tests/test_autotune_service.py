@@ -1,23 +1,10 @@
 """`autotune: K` on POST /v1/plans and /v1/jobs, through a real `tune serve`."""
-import sys
-from pathlib import Path
-
 import httpx
 import pytest
-
-sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
-from service_load import running_server  # noqa: E402
-from test_service import poll  # noqa: E402
+from test_service import poll, server  # noqa: F401  (the module's own `tune serve`)
 
 BODY = {"workload": {"kind": "gemm", "dims": {"m": 40, "n": 48, "k": 24}}, "hardware": "host", "time_limit": 3,
         "autotune": 2}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("cache") / "plans.sqlite", "--workers", "1",
-                        "--max-time-limit", "20") as url:
-        yield url
 
 
 def test_autotuned_plan_is_cached(server):

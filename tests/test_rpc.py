@@ -38,24 +38,23 @@ def bounded(seconds: float):
     return Bound()
 
 
+def running(launcher: str):
+    """A tracker and two one-thread servers; afterwards, no process of theirs is left."""
+    with Fleet(servers=2, key=KEY, threads=1, launcher=launcher) as f:
+        yield f
+    assert f.leftover() == [], "processes left behind"
+
+
 @pytest.fixture(scope="module")
 def fleet():
-    """The documented daemons: python -m tvm.exec.rpc_tracker and two rpc_servers, one thread each."""
-    f = Fleet(servers=2, key=KEY, threads=1, launcher="tvm.exec")
-    f.start()
-    yield f
-    f.stop()
-    assert f.leftover() == [], "processes left behind"
+    """The documented daemons: python -m tvm.exec.rpc_tracker and rpc_server."""
+    yield from running("tvm.exec")
 
 
 @pytest.fixture
 def own_fleet():
     """A fleet a test may kill or freeze (the in-process launcher: quicker to start)."""
-    f = Fleet(servers=2, key=KEY, threads=1, launcher="inproc")
-    f.start()
-    yield f
-    f.stop()
-    assert f.leftover() == [], "processes left behind"
+    yield from running("inproc")
 
 
 @pytest.fixture(scope="module")
