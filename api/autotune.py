@@ -124,7 +124,7 @@ def autotune(request, progress: Progress | None = None, store=None,
                   for i in ran + dropped]
     threads = next((t.threads for t in trials if t.threads), None)
     first = trials[0].measurement
-    report_ = Autotune(
+    summary = Autotune(
         k=k, measured=len(ran), device=trials[ran[0]].measurement.device, threads=threads,
         rpc=str(remote) if remote else None, chosen_rank=ran[0],
         speedup=first.kernel_seconds / trials[ran[0]].measurement.kernel_seconds if first else None,
@@ -138,7 +138,7 @@ def autotune(request, progress: Progress | None = None, store=None,
                                 measured_seconds=trials[i].measurement.kernel_seconds, threads=threads,
                                 source=source) for i in ran])
     return AutotuneResult(workload=w, hardware=hw, plan=plans[ran[0]], solver=result.solver,
-                          alternatives=[plans[i] for i in ran[1:]], autotune=report_)
+                          alternatives=[plans[i] for i in ran[1:]], autotune=summary)
 
 
 def autotune_limit(request) -> float:
@@ -154,7 +154,8 @@ def parse_document(doc: str) -> TuneResult:
 
 
 def _all_failed(trials) -> CachetileError:
-    """Every candidate failed: the error of the first one's kind, listing each reason."""
+    """Every candidate failed: KernelMismatch when each disagreed with numpy, BuildFailed when one
+    failed to build, else Unavailable (timeouts, the fleet); the message lists each reason."""
     reasons = "; ".join(f"rank {i}: {t.error}" for i, t in enumerate(trials))
     kinds = {t.kind for t in trials}
     cls = KernelMismatch if kinds == {"mismatch"} else BuildFailed if "build-failed" in kinds else Unavailable

@@ -149,6 +149,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--workers", type=_positive_int, help="solver processes at once (default: CPU count)")
     sv.add_argument("--max-time-limit", type=_positive_float, default=60.0, metavar="S",
                     help="largest time_limit a request may ask for (default 60)")
+    sv.add_argument("--max-autotune", type=_nonnegative_int, default=8, metavar="K",
+                    help="most candidates a request may autotune on this machine (default 8; 0: no autotuning)")
+    sv.add_argument("--allow-rpc", action="store_true",
+                    help="let requests name a TVM RPC tracker (rpc) to send their kernels to")
     sv.add_argument("--openapi", action="store_true", help="print the OpenAPI schema and exit")
     return parser
 

@@ -36,6 +36,8 @@ class Settings:
     workers: int = os.cpu_count() or 1
     max_time_limit: float = 60.0
     exports: Path | None = None  # where jobs write their kernels (default: beside the cache)
+    max_autotune: int = 8  # candidates a request may ask to measure on this server (0: none)
+    allow_rpc: bool = False  # whether a request may name a TVM RPC tracker for the server to send kernels to
 
 
 class FieldError(BaseModel):
@@ -99,14 +101,22 @@ def create_app(settings: Settings) -> FastAPI:
             return _error(422, f"body: {exc.detail}", [{"loc": ["body"], "msg": str(exc.detail)}])
         return _error(exc.status_code, str(exc.detail))
 
+    def refuse(field: str, msg: str) -> JSONResponse:
+        return _error(422, f"body.{field}: {msg}", [{"loc": ["body", field], "msg": msg}])
+
     def within_limit(req: PlanRequest) -> PlanRequest | JSONResponse:
-        """The request, its default time limit lowered to the server's; or a 422 if it asks for more."""
+        """The request, its default time limit lowered to the server's; or a 422 if it asks for more
+        (time, autotuning, RPC) than the server allows."""
+        if req.autotune > settings.max_autotune:
+            return refuse("autotune", f"{req.autotune} candidates exceed this server's limit of "
+                          f"{settings.max_autotune} (tune serve --max-autotune)")
+        if req.rpc is not None and not settings.allow_rpc:
+            return refuse("rpc", "this server does not send kernels to RPC trackers (tune serve --allow-rpc)")
         if req.time_limit <= settings.max_time_limit:
             return req
         if "time_limit" not in req.model_fields_set:
             return req.model_copy(update={"time_limit": settings.max_time_limit})
-        msg = f"{req.time_limit:g} s exceeds this server's limit of {settings.max_time_limit:g} s"
-        return _error(422, f"body.time_limit: {msg}", [{"loc": ["body", "time_limit"], "msg": msg}])
+        return refuse("time_limit", f"{req.time_limit:g} s exceeds this server's limit of {settings.max_time_limit:g} s")
 
     @app.get("/healthz", response_model=Health)
     async def healthz():
@@ -166,7 +176,8 @@ def serve(args) -> int:
     """`tune serve`: run the service until interrupted (or print its OpenAPI schema)."""
     settings = Settings(cache_path=Path(args.cache) if args.cache else default_path(),
                         workers=args.workers or Settings.workers, max_time_limit=args.max_time_limit,
-                        exports=Path(args.exports) if args.exports else None)
+                        exports=Path(args.exports) if args.exports else None, max_autotune=args.max_autotune,
+                        allow_rpc=args.allow_rpc)
     app = create_app(settings)
     if args.openapi:
         print(json.dumps(app.openapi(), indent=2))

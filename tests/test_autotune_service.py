@@ -36,6 +36,8 @@ def test_autotune_job_reports_its_progress_and_the_measurements(server):
 
 
 @pytest.mark.parametrize("body, detail", [
+    ({**BODY, "autotune": 9}, "body.autotune: 9 candidates exceed this server's limit of 8 (tune serve --max-autotune)"),
+    ({**BODY, "rpc": "127.0.0.1:9190:cpu"}, "body.rpc: this server does not send kernels to RPC trackers"),
     ({**BODY, "rpc": "localhost:9190"}, "body.rpc: expects HOST:PORT:KEY"),
     ({**BODY, "autotune": 0, "rpc": "localhost:9190:cpu"}, "body: rpc measures autotune candidates"),
     ({**BODY, "autotune": 33}, "body.autotune: Input should be less than or equal to 32"),

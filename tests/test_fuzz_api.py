@@ -24,7 +24,9 @@ STATUSES: Counter = Counter()
 
 @pytest.fixture(scope="module")
 def api(tmp_path_factory):
-    with running_server(tmp_path_factory.mktemp("fuzz") / "plans.sqlite", "--max-time-limit", "1") as url:
+    # No autotuning: it measures kernels, seconds per request (tests/test_autotune_service.py covers it).
+    with running_server(tmp_path_factory.mktemp("fuzz") / "plans.sqlite", "--max-time-limit", "1",
+                        "--max-autotune", "0") as url:
         yield url, schemathesis.openapi.from_url(f"{url}/openapi.json")
 
 
