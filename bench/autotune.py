@@ -118,7 +118,7 @@ def quality_rows(workloads, hw, k, pool_size, rounds, store, seed=0):
         model_t = times[[signature(w, p) for p in plans].index(signature(w, model))] if model else None
         ratios.append(times[0] / fastest)
         vs_numpy.append(numpy_s / times[0])
-        rows.append((name, f"{a.seconds:.1f}", str(a.measured), str(a.chosen_rank), str(len(plans)),
+        rows.append((name, f"{a.seconds:.1f}", f"{a.measured}/{len(a.candidates)}", str(a.chosen_rank), str(len(plans)),
                      f"{times[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}", f"{times[0] / fastest:.3f}",
                      "-" if model_t is None else f"{model_t / fastest:.3f}", f"{numpy_s / times[0]:.2f}",
                      f"{100 * spread:.0f}%"))
@@ -126,7 +126,7 @@ def quality_rows(workloads, hw, k, pool_size, rounds, store, seed=0):
                                 threads=hw.cores, source="bench/autotune.py") for p, t in zip(plans, times)])
     geomean = [float(np.exp(np.mean(np.log(v)))) for v in (ratios, vs_numpy)]
     rows.append(("geomean", "", "", "", "", "", "", f"{geomean[0]:.3f}", "", f"{geomean[1]:.2f}", ""))
-    return table(("workload", "plan+autotune s", "measured", "chosen rank", "pool", "chosen ms", "fastest ms",
+    return table(("workload", "plan+autotune s", "measured/distinct", "chosen rank", "pool", "chosen ms", "fastest ms",
                   "chosen/fastest", "model's/fastest", "chosen vs numpy", "round spread"), rows)
 
 
@@ -188,25 +188,31 @@ def rpc_rows(workloads, hw, k, rounds=2):
 
 
 def refit_rows(hw, store, workloads):
-    """The refit on every measurement, then on all but one workload, judged on that workload."""
-    from cachetile.models.refit import agreement, refit
+    """The refit on every measurement, then on all but one workload, judged on that workload: how
+    well it predicts the held-out plans, and how fast the plan it ranks first among them is."""
+    from cachetile.models.refit import agreement, predictions, refit
 
     def number(value):
         return "-" if value is None else f"{value:.2f}"
 
+    def pick(hardware, test):  # measured time of the plan the model ranks first, over the fastest
+        seconds = np.array([r.measured_seconds for r in test])
+        return seconds[int(np.argmin(predictions(hardware, test)))] / seconds.min()
+
     records = store.records(like=hw)
     fit = refit(hw, records)
     rows = [("all (judged on all)", str(fit.records), f"{fit.rms_log_error_before:.3f}", f"{fit.rms_log_error_after:.3f}",
-             number(fit.spearman_before), number(fit.spearman_after))]
+             number(fit.spearman_before), number(fit.spearman_after), "", "")]
     for name, w in workloads:
         held = refit(hw, [r for r in records if r.workload != w])
         test = [r for r in records if r.workload == w]
         (rms0, _, rho0), (rms1, _, rho1) = agreement(hw, test), agreement(held.hardware, test)
         rows.append((f"all but {name} (judged on it)", str(held.records), f"{rms0:.3f}", f"{rms1:.3f}", number(rho0),
-                     number(rho1)))
+                     number(rho1), f"{pick(hw, test):.3f}", f"{pick(held.hardware, test):.3f}"))
     multipliers = ", ".join(f"{n} x{m:.3g}" for n, m in fit.bandwidth_multipliers.items())
     return (f"refit on all {fit.records} plans: peak x{fit.peak_multiplier:.3g}; bandwidths {multipliers}\n\n" +
-            table(("fitted on", "plans", "rms ln before", "rms ln after", "Spearman before", "Spearman after"), rows))
+            table(("fitted on", "plans", "rms ln before", "rms ln after", "Spearman before", "Spearman after",
+                   "first-ranked/fastest before", "after"), rows))
 
 
 def main():
@@ -224,6 +230,7 @@ def main():
     ap.add_argument("--rpc-only", action="store_true",
                     help="table 3 alone, this process on one thread like the servers (the full run starts it so)")
     ap.add_argument("--store", help="SQLite file to keep table 1's measurements in (default: a temporary one)")
+    ap.add_argument("--refit-only", action="store_true", help="table 4 alone, from the measurements in --store")
     args = ap.parse_args()
 
     from cachetile import builtin, hardware_from
@@ -241,6 +248,9 @@ def main():
     use_all_cores(hw)
     workloads = [(n, builtin(kind, dims)) for n, kind, dims in WORKLOADS if not args.only or n in args.only]
     store = MeasurementStore(args.store or os.path.join(tempfile.mkdtemp(), "measurements.sqlite"))
+    if args.refit_only:
+        print(refit_rows(hw, store, workloads))
+        return
     if args.rpc_only:
         small = [("gemm-512", "gemm", {"m": 512, "n": 512, "k": 512}), WORKLOADS[1], WORKLOADS[6]]
         print(rpc_rows([(n, builtin(kind, dims)) for n, kind, dims in small], hw, args.k), flush=True)

@@ -96,15 +96,20 @@ def scaled(hardware: Hardware, peak: float, bandwidths: list[float]) -> Hardware
                                        "source": f"{hardware.source or hardware.name}, refitted to measurements"})
 
 
+def predictions(hardware: Hardware, records: list[MeasuredPlan]) -> np.ndarray:
+    """The cost model's predicted seconds of each record's plan on `hardware` (make_plan)."""
+    return np.array([make_plan(r.workload, hardware, [lp.order for lp in r.plan.levels],
+                               [lp.tile for lp in r.plan.levels],
+                               r.plan.launch.stages if r.plan.launch else 1).predicted_seconds for r in records])
+
+
 def agreement(hardware: Hardware, records: list[MeasuredPlan]) -> tuple[float, float, float | None]:
     """How well the cost model on `hardware` predicts the records: the root mean square of
     ln(predicted / measured), the median of predicted / measured, and Spearman's rank correlation
-    (None for fewer than 3 records or constant values). Costs each plan with make_plan."""
+    (None for fewer than 3 records or constant values)."""
     from scipy.stats import spearmanr
 
-    predicted = np.array([make_plan(r.workload, hardware, [lp.order for lp in r.plan.levels],
-                                    [lp.tile for lp in r.plan.levels],
-                                    r.plan.launch.stages if r.plan.launch else 1).predicted_seconds for r in records])
+    predicted = predictions(hardware, records)
     measured = np.array([r.measured_seconds for r in records])
     ratio = predicted / measured
     rho = None
