@@ -112,9 +112,8 @@ class PlanRequest(BaseModel):
 
     @model_validator(mode="after")
     def _measuring_options(self) -> PlanRequest:
-        if self.rpc is not None:
-            if not self.autotune:
-                raise InvalidInput("rpc measures autotune candidates: set autotune (--autotune K) too")
+        if self.rpc is not None and not self.autotune:
+            raise InvalidInput("rpc measures autotune candidates: set autotune (--autotune K) too")
         if self.target_host is not None and self.rpc is None:
             raise InvalidInput("target_host (--target-host) compiles for RPC servers: set rpc (--rpc) too")
         if self.autotune:
