@@ -39,7 +39,11 @@ class KernelCosts:
     copy_bytes: list[float] = field(default_factory=list)  # per level: bytes packing copies write into its buffers
     regions: float = 0.0  # parallel loops entered per call
     copy_seconds: float = 0.0
-    copies: list[tuple[str, int, float]] = field(default_factory=list)  # (tensor, level it is packed at, bytes)
+    # (tensor, level it is packed at, bytes copied, bytes of its buffer)
+    copies: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
+    # once, bytes written back from its buffer)
+    outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
 
 
 def stream_bandwidth(hardware: Hardware, nbytes: float) -> float:
@@ -76,18 +80,35 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
-        costs.copies.append((site.tensor, site.level, nbytes))
+        costs.copies.append((site.tensor, site.level, nbytes, block * elem))
         source = workload.size(site.tensor) * elem
         seconds = nbytes / stream_bandwidth(hardware, source) + nbytes / stream_bandwidth(hardware, block * elem)
         costs.copy_seconds += seconds * cores / shared
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
-        if plan and plan.holder is None and workload.tensors[op.output].role == "output":
-            size = _prod(padded[x] for x in workload.tensors[op.output].dims) * elem
-            costs.copy_seconds += size / stream_bandwidth(hardware, size)  # zeroing the whole output
+        if not plan or workload.tensors[op.output].role != "output":
+            continue
+        out = workload.tensors[op.output].dims
+        size = _prod(padded[x] for x in out) * elem
+        if plan.holder is None:  # zeroed in place, a pass over the whole output
+            costs.outputs.append((op.output, size, size, 0.0))
+            costs.copy_seconds += size / stream_bandwidth(hardware, size)
+        else:  # zeroed block by block in its buffer, then each block written back to the array
+            positions = walk(workload, orders, op)
+            under = positions[positions.index(plan.holder) + 1:]
+            block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
+            costs.outputs.append((op.output, size, block, size))
+            costs.copy_seconds += size / stream_bandwidth(hardware, block) + 2 * size / stream_bandwidth(hardware, size)
     costs.regions = _regions(workload, orders, eff, padded, parallel)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def _extent_under(x: str, under: list, tiles, padded) -> int:
+    """How much of loop x the positions `under` (a walk's tail) iterate: the tile of the level
+    above the outermost of them walking x (the register tile when none does)."""
+    j = max((level for y, level in under if y == x), default=-1)
+    return tiles[j + 1][x] if j + 1 < len(tiles) else padded[x]
 
 
 def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
