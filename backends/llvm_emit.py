@@ -71,7 +71,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         _micro_kernel(sch, nests, op, micro_order(workload, op))
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, double_buffer, pipelined)
+                         nests, padded, lanes, hardware.cores, double_buffer, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
@@ -119,7 +119,7 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
         sch.unroll(loop)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer,
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, double_buffer,
                  pipelined: list) -> None:
     source = source_name(workload, sites[0].tensor, padded)
     made = []
@@ -131,14 +131,15 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
         if site.key is not None:
             sch.compute_at(cache, nests.get(op, site.key), preserve_unit_loops=True)
         sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-        _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=site.key is None)
+        _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
         if double_buffer and site.key is not None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bool) -> None:
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int) -> None:
     """Walk the copy in the packed order, so writes are sequential; vectorise where reads are
-    too, and share a copy made outside every parallel loop among the cores."""
+    too, and share a copy made outside every parallel loop among `parallel` cores (its outer
+    loops fused until they have a trip per core)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -149,10 +150,13 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bo
     order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
     order += [parts[i][-1] for i in layout.inner_order]
     sch.reorder(*order)
+    if parallel > 1:
+        n, count = 1, sch.get(order[0]).extent.value
+        while count < parallel and n < len(order) - 1:
+            count, n = count * sch.get(order[n]).extent.value, n + 1
+        sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
     if layout.inner_order[-1] == rank - 1:
         _vectorize(sch, order[-1], lanes)
-    if parallel:
-        sch.parallel(order[0])
 
 
 def _vectorize(sch, loop, lanes: int) -> None:

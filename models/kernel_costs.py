@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .caches import effective_tiles, input_caches, output_plan, trips, walk
+from .caches import effective_tiles, input_caches, outer_shared, output_plan, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .workload import Workload
@@ -66,9 +66,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     cores, elem = hardware.cores, workload.elem_bytes
     parallel = _parallel_positions(workload, orders, tiles, cores)
     costs = KernelCosts(copy_bytes=[0.0] * len(tiles))
-    for site in input_caches(workload, orders, eff, padded):
-        if site.skipped:
-            continue
+    copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
+    for site in copies:
         op = next(o for o in workload.ops if o.name == site.op)
         positions = walk(workload, orders, op)
         tdims = workload.tensors[site.tensor].dims
@@ -99,7 +98,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += size / stream_bandwidth(hardware, block) + 2 * size / stream_bandwidth(hardware, size)
-    costs.regions = _regions(workload, orders, eff, padded, parallel)
+    costs.regions = _regions(workload, orders, eff, padded, parallel, sum(site.key is None for site in copies))
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
 
@@ -130,12 +129,22 @@ def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[s
     return picked
 
 
-def _regions(workload: Workload, orders, tiles, padded, parallel: dict) -> float:
-    """Parallel loops entered per call: per op, the iterations of the loops around its parallel loop."""
-    total = 0.0
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_copies: int) -> float:
+    """Parallel loops entered per call: per op, the iterations of the loops around its parallel
+    loop, and again around its zeroing when that is split off above the parallel loop (the
+    zeroing nest repeats it); plus one per copy made at the root, which is parallel itself."""
+    total = float(root_copies) if parallel else 0.0
     for op in workload.ops:
         position, own = parallel.get(op.name, (None, False))
-        if own:
-            positions = walk(workload, orders, op)
-            total += _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(position)])
+        if not own:
+            continue
+        plan = output_plan(workload, orders, op, tiles, padded)
+        positions = walk(workload, orders, op)
+        if plan is not None:  # the order the kernel runs them in (one-trip loops may have moved)
+            top = len(tiles) - 1
+            positions = [p for p in positions if outer_shared(workload, op, p, top)] + plan.owned
+        around = lambda p: _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(p)])  # noqa: E731
+        total += around(position)
+        if plan is not None and positions.index(plan.start) < positions.index(position):
+            total += around(plan.start)
     return total
