@@ -47,6 +47,21 @@ def test_every_solver_plan_builds_and_matches_numpy(kind, solver):
         check(w, built.lib)  # raises KernelMismatch with the element that differs
 
 
+@pytest.mark.parametrize("kind,dims", [
+    ("gemm", {"m": 1000, "n": 1023, "k": 127}),
+    ("gemm", {"m": 1023, "n": 7, "k": 1000}),
+    ("batch-gemm", {"b": 2, "m": 127, "n": 1000, "k": 1}),
+    ("gemm-chain", {"m": 127, "l": 1023, "k": 7, "n": 97}),
+])
+def test_odd_sizes_pad_inside_the_packed_buffers_and_match_numpy(kind, dims):
+    """Sizes 1, 7, 97, 127, 1000, 1023: full micro-tiles on zero-padded packed blocks, cropped
+    where the tile is stored."""
+    w = builtin(kind, dims)
+    result = tune(w, HOST, time_limit=3, top=0)
+    built = build(w, HOST, result.plan)
+    check(w, built.lib)
+
+
 def test_every_alternative_of_a_chain_builds_and_matches_numpy():
     w = builtin("gemm-chain", {"b": 2, "m": 64, "n": 48, "k": 40, "l": 96})
     result = tune(w, HOST, time_limit=5, top=5)
