@@ -9,10 +9,11 @@ The plan's levels then mean:
   registers (32 threads); the warp steps through the reduction 16 at a time, its A
   and B fragments loaded from shared memory with ldmatrix (double-buffered);
 - level 1 is the block tile BM x BN x BK: A's and B's tiles are copied into shared
-  memory with cp.async in `stages` rotating buffers, each row padded by 8 elements so
-  the 8 rows one ldmatrix phase reads start in distinct banks (unpadded rows of 32k
-  halves would put all 8 in the same bank: an 8-way conflict). The padding is shared
-  memory the model charges, so it changes which tiles fit;
+  memory with cp.async in `stages` rotating buffers, each row padded (8 elements for
+  rows of 32k halves, 24 for rows of 16 or 48) so the 8 rows one ldmatrix phase reads
+  start in distinct banks (unpadded rows of 32k halves would put all 8 in the same
+  bank: an 8-way conflict). The padding is shared memory the model charges, so it
+  changes which tiles fit;
 - the output leaves through a padded fp32 staging tile in shared memory (cast to the
   16-bit dtype on the way out, coalesced), which reuses the copies' buffers.
 
@@ -41,8 +42,12 @@ from .. import gpu
 from ..hardware import MAX_REGISTERS_PER_THREAD
 
 FRAGMENT = 16  # the mma intrinsic's m, n and k
-ROW_PAD = 8  # elements added to each shared row (16 bytes): ldmatrix rows in distinct banks
-STAGING_PAD = 4  # floats added to each row of the fp32 staging tile
+# Shared rows are padded to a stride of ROW_PAD modulo ROW_ALIGN elements (TVM's storage_align):
+# for 16-bit rows a stride of 16 bytes modulo 64 puts the 8 rows one ldmatrix phase reads
+# in distinct banks; for the fp32 staging rows STAGING_PAD spreads the lanes' stores.
+ROW_ALIGN = 32
+ROW_PAD = 8
+STAGING_PAD = 4
 ACCUMULATOR_BYTES = 4  # fp32 accumulation
 INPUT_BYTES = 2  # float16 and bfloat16
 FRAGMENT_REGISTERS = FRAGMENT * FRAGMENT * INPUT_BYTES // (32 * gpu.REGISTER_BYTES)  # one 16x16 operand per lane
@@ -101,6 +106,12 @@ def effective_stages(stages: int, trips) -> np.ndarray:
     most trips + 1 (what the backend emits)."""
     trips = np.asarray(trips, dtype=np.float64)
     return np.where(trips < 2, 1.0, np.minimum(float(stages), trips + 1))
+
+
+def row_stride(cols, offset: int = ROW_PAD):
+    """Elements per padded shared row of `cols` elements: the least stride >= cols that is
+    `offset` modulo ROW_ALIGN (cols + 8 for rows of 32k halves)."""
+    return cols + np.mod(offset - np.asarray(cols, dtype=np.float64), ROW_ALIGN)
 
 
 def tensor_core_model(workload, hardware) -> TensorCores | None:
@@ -231,16 +242,19 @@ class TensorCores:
         if not self.chain:
             p = self.products[0]
             s = effective_stages(stages, np.ceil(workload.dims[p.r] / t[p.r]))
-            ring = s * (t[p.i] * (t[p.r] + ROW_PAD) + t[p.r] * (t[p.j] + ROW_PAD)) * INPUT_BYTES
-            staging = t[p.i] * (t[p.j] + STAGING_PAD) * ACCUMULATOR_BYTES
+            ring = s * (t[p.i] * row_stride(t[p.r]) + t[p.r] * row_stride(t[p.j])) * INPUT_BYTES
+            staging = t[p.i] * row_stride(t[p.j], STAGING_PAD) * ACCUMULATOR_BYTES
             return np.maximum(ring, staging)
         first, second = self.products
         bm, bl, k, n = (t[x] for x in (first.i, first.j, first.r, second.j))
         s = effective_stages(stages, np.ceil(workload.dims[first.j] / bl))
-        inputs = (bm * (k + ROW_PAD) + s * (k * (bl + ROW_PAD) + bl * (n + ROW_PAD))) * INPUT_BYTES
+        b_tile, d_tile = k * row_stride(bl), bl * row_stride(n)
+        # One buffer each: D's tile reuses B's, whose last reader has run (TVM's merged layout).
+        rotating = np.where(s > 1, s * (b_tile + d_tile), np.maximum(b_tile, d_tile))
+        inputs = (bm * row_stride(k) + rotating) * INPUT_BYTES
         if warp_tile is not None:
-            inputs = inputs + np.where(self.intermediate_in_registers(warp_tile), 0.0, bm * (bl + ROW_PAD) * INPUT_BYTES)
-        return np.maximum(inputs, bm * (n + STAGING_PAD) * ACCUMULATOR_BYTES)
+            inputs = inputs + np.where(self.intermediate_in_registers(warp_tile), 0.0, bm * row_stride(bl) * INPUT_BYTES)
+        return np.maximum(inputs, bm * row_stride(n, STAGING_PAD) * ACCUMULATOR_BYTES)
 
     # --- the plan document -------------------------------------------------------------------
     def launch_fields(self, workload, tiles) -> dict:
@@ -265,12 +279,12 @@ class TensorCores:
                 r = r.model_copy(update={
                     "copy_mode": "striped", "stages": rotating if serial else 1,
                     "double_buffer": serial and rotating > 1,
-                    "layout": f"{r.layout}, rows padded by {ROW_PAD} elements (ldmatrix without bank conflicts)"})
+                    "layout": f"{r.layout}, rows padded (ldmatrix without bank conflicts)"})
             elif role == "intermediate":
                 r = r.model_copy(update={"level": level_names[0], "layout": "the producer's fp32 fragments cast in "
                                          "place to 16-bit A-operand fragments"} if in_registers else {
-                    "layout": f"row-major block, rows padded by {ROW_PAD} elements, written from the producer's "
-                              "fragments, read with ldmatrix"})
+                    "layout": "row-major block, rows padded, written from the producer's fragments, read with "
+                              "ldmatrix"})
             else:
                 r = r.model_copy(update={"layout": "warp tiles of fp32 mma fragments, stored through a padded "
                                                    "shared staging tile"})
