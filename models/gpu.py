@@ -80,7 +80,7 @@ class Simt:
     """The CUDA-core model: one thread per level-0 (thread) tile, tiles in the workload's dtype.
     models/targets/cuda_gpu.TensorCores is the other: one warp per level-0 tile."""
 
-    lanes = 1  # threads per level-0 tile
+    tile_threads = 1  # threads per level-0 tile
     tensor_cores = None
 
     def registers(self, workload: Workload, tile) -> np.ndarray:
@@ -122,7 +122,7 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     """Threads, blocks, occupancy and waves of a plan (tiles innermost level first) under
     `model` (SIMT, or the tensor-core model of models/targets/cuda_gpu)."""
     g = hardware.gpu
-    per_op = [threads(workload, op, tiles) * model.lanes for op in workload.ops]
+    per_op = [threads(workload, op, tiles) * model.tile_threads for op in workload.ops]
     count = per_op[-1]
     same = np.ones(np.shape(count), dtype=bool)
     for t in per_op[:-1]:

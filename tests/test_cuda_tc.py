@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from cachetile import builtin, make_plan, preset, tune
+from cachetile.api.cli import main as cli_main
 from cachetile.backends.base import BuildOptions, get_backend
 from cachetile.backends.cuda_build import build_cuda
 from cachetile.backends.cuda_check import check_tensor_cores
@@ -219,17 +220,18 @@ def test_runner_finds_exports_at_any_depth_and_says_why_not(tmp_path):
         export_dirs([tmp_path / "missing"])
 
 
-def test_a_new_user_exports_the_fp16_h100_gemm(tmp_path):
-    """The README's command, as a new user runs it, then the runner and the exported
-    schedule.py on what it wrote."""
+def test_a_new_user_exports_the_fp16_h100_gemm(tmp_path, capsys):
+    """The README's command (through the CLI's main, in this process: TVM is loaded already;
+    tests/test_cuda.py runs `tune --export` as a subprocess), then the runner and the
+    exported schedule.py on what it wrote."""
     out = tmp_path / "gemm16"
-    done = subprocess.run([sys.executable, "-m", "cachetile.api.cli", "gemm", "--M", "4096", "--N", "4096", "--K", "4096",
-                           "--dtype", "float16", "--hardware", "h100", "--target", "cuda", "--export", str(out)],
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr
-    assert f"exported plan.json, schedule.py, kernel.cu, launch.json to {out}" in done.stdout
+    status = cli_main(["gemm", "--M", "4096", "--N", "4096", "--K", "4096", "--dtype", "float16", "--hardware", "h100",
+                       "--target", "cuda", "--export", str(out)])
+    stdout = capsys.readouterr().out
+    assert status == 0 and "peak 989 TFLOP/s, mma.sync.m16n8k16 float16 -> float32" in stdout
+    assert f"exported plan.json, schedule.py, kernel.cu, launch.json to {out}" in stdout
     if NVCC:
-        assert "nvcc -arch=sm_90: compiled" in done.stdout
+        assert "nvcc -arch=sm_90: compiled" in stdout
     launch = json.loads((out / "launch.json").read_text())
     plan = json.loads((out / "plan.json").read_text())["plan"]
     (kernel,) = launch["kernels"]

@@ -59,6 +59,10 @@ class CudaGpu(Target):
             return 1.0
         return gpu.launch(workload, self.hardware, tiles, stages, self.model(workload)).slowdown(self.hardware)
 
+    def lanes(self, workload):
+        model = self.model(workload)
+        return model.multiples(workload) if model.tensor_cores else super().lanes(workload)
+
     def leading_loops(self, workload):
         return gpu.block_loops(workload)
 

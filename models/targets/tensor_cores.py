@@ -132,7 +132,7 @@ def tensor_core_model(workload, hardware) -> TensorCores | None:
 class TensorCores:
     """The model of models/gpu.Launch on tensor cores (see the module docstring)."""
 
-    lanes = 32  # threads per level-0 (warp) tile
+    tile_threads = 32  # threads per level-0 (warp) tile
 
     def __init__(self, ps: list[Product], dtype: str):
         self.products = ps
@@ -166,6 +166,10 @@ class TensorCores:
         return tile, dict(tile)
 
     # --- tiles ------------------------------------------------------------------------------
+    def multiples(self, workload) -> dict[str, int]:
+        """Per loop, the multiple its tiles take: the fragment for fragment loops."""
+        return {x: FRAGMENT if x in self.fragment_loops else 1 for x in workload.dims}
+
     def tile_rule(self, workload, x, tiles, level, step: bool):
         """Fragment loops take multiples of 16 at levels 0 and 1 (a warp steps its reduction by
         exactly 16); batch loops one per block; a chain keeps k and n whole in the block, n in
@@ -193,7 +197,7 @@ class TensorCores:
     def schedulable(self, workload, tiles) -> np.ndarray:
         """Every shared-memory copy splits into whole 16-byte vectors per thread (cp.async), and
         in a chain each warp holds whole l tiles (its rows of C feed its own second mma)."""
-        per_pass = self.warps(workload, tiles) * self.lanes * COPY_ELEMENTS
+        per_pass = self.warps(workload, tiles) * self.tile_threads * COPY_ELEMENTS
         t1 = tiles[1]
         ok = np.ones(np.shape(per_pass), dtype=bool)
         for p in self.products:
@@ -209,11 +213,11 @@ class TensorCores:
     def _chain_registers(self, tile):
         first, second = self.products
         wm, bl, n = (np.asarray(tile[x], dtype=np.float64) for x in (first.i, first.j, second.j))
-        accumulators = (wm * bl + wm * n) * ACCUMULATOR_BYTES / gpu.REGISTER_BYTES / self.lanes
+        accumulators = (wm * bl + wm * n) * ACCUMULATOR_BYTES / gpu.REGISTER_BYTES / self.tile_threads
         fragments = np.maximum(wm + bl, wm + n) / FRAGMENT * FRAGMENT_REGISTERS
         shared = accumulators + fragments + gpu.RESERVED_REGISTERS
         # The registers variant adds C's 16-bit A-operand fragments (two elements per register).
-        in_registers = shared + wm * bl * INPUT_BYTES / gpu.REGISTER_BYTES / self.lanes
+        in_registers = shared + wm * bl * INPUT_BYTES / gpu.REGISTER_BYTES / self.tile_threads
         return shared, in_registers
 
     def intermediate_in_registers(self, tile) -> np.ndarray:
@@ -229,7 +233,7 @@ class TensorCores:
             return np.ceil(np.where(in_registers <= MAX_REGISTERS_PER_THREAD, in_registers, shared))
         p = self.products[0]
         wm, wn = (np.asarray(tile[x], dtype=np.float64) for x in (p.i, p.j))
-        accumulators = wm * wn * ACCUMULATOR_BYTES / gpu.REGISTER_BYTES / self.lanes
+        accumulators = wm * wn * ACCUMULATOR_BYTES / gpu.REGISTER_BYTES / self.tile_threads
         fragments = 2 * (wm + wn) / FRAGMENT * FRAGMENT_REGISTERS
         return np.ceil(accumulators + fragments) + gpu.RESERVED_REGISTERS
 
