@@ -54,6 +54,10 @@ class Target:
 
         return memory_usage(workload, tile)
 
+    def peak_flops(self, workload: Workload) -> float:
+        """The arithmetic peak the workload's kernel can reach on this machine (FLOP/s)."""
+        return self.hardware.peak_flops
+
     def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping]) -> np.ndarray | float:
         """The fraction of peak one op's inner loop can issue at (1: peak)."""
         return 1.0
