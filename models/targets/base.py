@@ -12,6 +12,7 @@ and any tile that nests is legal. It also serves when no hardware is given.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -70,6 +71,10 @@ class Target:
     def usable_bytes(self, level) -> int:
         """How much of a level (a models.hardware.Level) a plan may fill."""
         return level.capacity_bytes
+
+    def capacity_for(self, level, need: float) -> int:
+        """The smallest capacity of `level` whose usable share holds `need` bytes."""
+        return int(math.ceil(need))
 
     def vector_lanes(self, workload: Workload) -> int:
         """Elements of the workload's dtype in one SIMD register (1: no SIMD)."""
