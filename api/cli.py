@@ -4,11 +4,11 @@
     tune gemm-chain --M 256 [--N .. --K .. --L ..] [--batch B]
     tune batch-gemm --batch 8 --M 256 --N 256 --K 256
     tune workload FILE.json
-    tune hardware [NAME|FILE.json]
+    tune hardware [NAME|FILE.json] [--from-measurements]   (refit NAME to the plans autotuning measured)
     tune gemm ... [--target llvm] [--export DIR] [--measure]   (build the plan's kernel)
     tune gemm ... --hardware h100 --target cuda --arch sm_90 [--stages N] [--export DIR] [--measure]
     tune gemm ... --autotune K [--rpc HOST:PORT:KEY [--target-host TARGET]]   (measure the top K plans)
-    tune hardware host --from-measurements   (refit it to the plans autotuning measured)
+    tune hardware host --calibrate [--from-measurements]   (measure this machine; refit to measured plans)
     tune pareto [--level NAME] gemm-chain --M 256 ...   (any workload command above)
     tune serve [--host 127.0.0.1] [--port 8000]
 
@@ -30,7 +30,7 @@ from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
 from ..backends.rpc_tracker import parse_rpc
 from .autotune import TRIAL_TIMEOUT_S, AutotuneResult, autotune_command, format_autotune
-from .measurements import refit_command
+from .measurements import host_profile_command, refit_command
 from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
 from .report import format_hardware, format_measurement, format_pareto, format_table
@@ -137,8 +137,12 @@ def build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hardware", help="list presets, or show one")
     hw.add_argument("name", nargs="?")
     hw.add_argument("--json", action="store_true")
+    hw.add_argument("--calibrate", action="store_true",
+                    help="host only: measure this machine's peak, bandwidths and overheads (under a minute) and keep "
+                         "them as its profile, which the host preset uses from then on")
     hw.add_argument("--from-measurements", action="store_true",
-                    help="refit its peak and bandwidths to the plans autotuning measured on it (models/refit.py)")
+                    help="refit its peak, fill bandwidths and overheads to the plans autotuning measured on it "
+                         "(models/refit.py); for host, the refit is stored in its calibration profile")
     pa = sub.add_parser("pareto", help="least DV for each capacity of a level: the DV/MU trade-off")
     _add_workloads(pa.add_subparsers(dest="kind", required=True, parser_class=_Parser), [solve, sweep])
     sv = sub.add_parser("serve", help="run the REST service")
@@ -192,6 +196,10 @@ def run(argv: list[str]) -> int:
             else:
                 print("presets: " + ", ".join(PRESETS) + "  (tune hardware NAME for details)")
             return 0
+        if args.calibrate and args.name != "host":
+            raise UsageError(f"--calibrate measures this machine: use `tune hardware host --calibrate` (got {args.name!r})")
+        if args.calibrate or (args.from_measurements and args.name == "host"):
+            return host_profile_command(args.calibrate, args.from_measurements, args.json)
         hw = hardware_from(args.name)
         if args.from_measurements:
             return refit_command(hw, args.json)

@@ -1,12 +1,19 @@
 """The measurement store: every plan autotuning measured, with the hardware profile it was costed
-on, in a `measurements` table beside the plan cache (the same SQLite file), for `models.refit`."""
+on, in a `measurements` table beside the plan cache (the same SQLite file), for `models.refit`;
+and the `tune hardware ... --from-measurements` / `--calibrate` commands that refit and store."""
 from __future__ import annotations
 
 import time
 
-from ..models.hardware import Hardware
-from ..models.refit import Fit, MeasuredPlan, fingerprint, refit
-from .cache import PlanCache
+import sys
+
+from ..models.errors import InvalidInput
+from ..models.hardware import Hardware, host, host_key
+from ..models.profile import Refit, load_profile, save_profile
+from ..models.refit import MeasuredPlan, enough, fingerprint, refit, refit_profile
+from .cache import PlanCache, default_path
+from .progress import progress_bar
+from .report import format_calibration, format_hardware
 
 
 class MeasurementStore(PlanCache):
@@ -36,15 +43,21 @@ class MeasurementStore(PlanCache):
         return [MeasuredPlan.model_validate_json(row[0]) for row in rows]
 
 
-def format_fit(fit: Fit) -> str:
+def stored_records(like: Hardware) -> list[MeasuredPlan]:
+    """The measured plans in the default store (the plan cache's file) taken on a machine like `like`."""
+    return MeasurementStore(default_path()).records(like=like)
+
+
+def format_fit(fit: Refit, name: str) -> str:
     """What a refit changed, and how well the model fits the measurements before and after."""
     def rho(value):
         return "-" if value is None else f"{value:.2f}"
 
-    multipliers = ", ".join(f"{name} x{m:.3g}" for name, m in fit.bandwidth_multipliers.items())
+    multipliers = ", ".join(f"{level} x{m:.3g}" for level, m in fit.bandwidth_multipliers.items())
     return "\n".join([
-        f"refitted {fit.hardware.name!r} to {fit.records} measured plans:",
-        f"  peak x{fit.peak_multiplier:.3g} ({fit.hardware.peak_flops / 1e9:.1f} GFLOP/s); bandwidths {multipliers}",
+        f"refitted {name!r} to {fit.records} measured plans:",
+        f"  peak x{fit.peak_multiplier:.3g}; bandwidths {multipliers}; parallel region "
+        f"x{fit.parallel_region_multiplier:.3g}, call x{fit.call_multiplier:.3g}",
         f"  predicted/measured: median {fit.median_ratio_before:.3g} -> {fit.median_ratio_after:.3g}, "
         f"rms of ln {fit.rms_log_error_before:.3g} -> {fit.rms_log_error_after:.3g}, "
         f"Spearman {rho(fit.spearman_before)} -> {rho(fit.spearman_after)}",
@@ -52,20 +65,47 @@ def format_fit(fit: Fit) -> str:
 
 
 def refit_command(hardware: Hardware, as_json: bool = False) -> int:
-    """`tune hardware NAME --from-measurements`: refit NAME to the measurement store (the plan
-    cache's file); prints the fitted hardware (--json: the hardware file on stdout, the summary
-    on stderr, so `> fitted.json` gives a file for --hardware)."""
-    import sys
-
-    from .cache import default_path
-
-    store = MeasurementStore(default_path())
-    fit = refit(hardware, store.records(like=hardware))
+    """`tune hardware NAME --from-measurements` for any NAME but host: refit NAME to the
+    measurement store and print the fitted hardware (--json: the hardware file on stdout, the
+    summary on stderr, so `> fitted.json` gives a file for --hardware)."""
+    fit = refit(hardware, stored_records(hardware))
     if as_json:
-        print(format_fit(fit), file=sys.stderr)
+        print(format_fit(fit, hardware.name), file=sys.stderr)
         print(fit.hardware.model_dump_json(indent=2))
     else:
-        from .report import format_hardware
+        print(format_fit(fit, hardware.name) + "\n\n" + format_hardware(fit.hardware))
+    return 0
 
-        print(format_fit(fit) + "\n\n" + format_hardware(fit.hardware))
+
+def host_profile_command(calibrate: bool, from_measurements: bool, as_json: bool = False) -> int:
+    """`tune hardware host` with --calibrate, --from-measurements or both: measure this machine
+    (--calibrate) or take its stored profile, refit the profile to the plans measured here
+    (--from-measurements: models/refit.refit_profile), and store it, so the host preset uses it
+    from then on. --json prints the profile (the refit's summary on stderr)."""
+    assumed = host(calibrated=False)
+    # Check the measurements before spending a minute calibrating.
+    records = enough(stored_records(assumed), assumed) if from_measurements else []
+    if calibrate:
+        from ..backends.calibrate import calibrate as measure  # TVM loads only here
+
+        with progress_bar("calibrate") as bar:
+            profile = measure(bar)
+    else:
+        profile = load_profile(host_key(assumed))
+        if profile is None:
+            raise InvalidInput("the refit adjusts this machine's calibration profile, and it has none: run "
+                               "`tune hardware host --calibrate --from-measurements`")
+    fit = None
+    if from_measurements:
+        profile, fit = refit_profile(profile, assumed, records)
+    path = str(save_profile(profile))
+    summary = format_fit(fit, "host") if fit else ""
+    if as_json:
+        if summary:
+            print(summary, file=sys.stderr)
+        print(profile.model_dump_json(indent=2))
+    elif calibrate:
+        print(format_calibration(profile, assumed, path) + (f"\n\n{summary}" if summary else ""))
+    else:
+        print(f"{summary}\nprofile {path}\n\n{format_hardware(host())}")
     return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..models.hardware import Hardware
 from ..models.measurement import Measurement
+from ..models.profile import Profile
 from ..models.plan import TuneResult
 from ..optimizer.pareto import ParetoFront
 
@@ -32,12 +33,14 @@ def format_table(result: TuneResult) -> str:
     """The human-readable report: per level the order, tiles, DV, MU against capacity and share of time."""
     w, hw, plan = result.workload, result.hardware, result.plan
     dims = " ".join(f"{x}={e}" for x, e in w.dims.items())
+    peak = hw.target.peak_flops(w)
+    cores = f", {plan.launch.tensor_cores}" if plan.launch is not None and plan.launch.tensor_cores else ""
     lines = [
-        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(hw.peak_flops, 'FLOP/s')})",
+        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(peak, 'FLOP/s')}{cores})",
         f"solver {result.solver.name}: {result.solver.status} in {result.solver.seconds:.2f} s, "
         f"{result.solver.evaluated} evaluated",
         f"predicted {_seconds(plan.predicted_seconds)}, bound by {plan.bottleneck} "
-        f"(compute alone {_seconds(w.flops / hw.peak_flops)})",
+        f"(compute alone {_seconds(w.flops / peak)})",
         "",
     ]
     rows = [("level", "order", "tile", "DV", "MU / capacity", "time share")]
@@ -61,12 +64,35 @@ def format_table(result: TuneResult) -> str:
 
 
 def format_hardware(hw: Hardware) -> str:
-    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')}"]
+    state = f"calibrated on {hw.calibrated}" if hw.calibrated else "assumed figures" if hw.kind == "cpu" else "published figures"
+    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')} ({state})"]
+    if hw.gpu is not None and hw.gpu.tensor_flops:
+        peaks = ", ".join(f"{d} {_si(v, 'FLOP/s')}" for d, v in hw.gpu.tensor_flops.items())
+        lines.append(f"  tensor cores ({hw.gpu.arch or 'arch not given'}): {peaks}")
     for lv in hw.levels:
         lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
+    if hw.parallel_region_seconds or hw.call_seconds:
+        lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
+
+
+def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
+    """What calibration measured, one core and all cores, beside the figures assumed without it."""
+    rows = [("figure", "assumed (all cores)", "measured, 1 core", f"measured, {profile.cores} cores")]
+    rows.append(("peak", _si(assumed.peak_flops, "FLOP/s"), _si(profile.peak_flops.one_core, "FLOP/s"),
+                 _si(profile.peak_flops.all_cores, "FLOP/s")))
+    for lv in assumed.levels:
+        fill = profile.fill_bandwidth.get(lv.name)
+        if fill:
+            rows.append((f"fill {lv.name}", _si(lv.bandwidth_bytes_per_s, "B/s"), _si(fill.one_core, "B/s"),
+                         _si(fill.all_cores, "B/s")))
+    for name, figure in profile.stream_bandwidth.items():
+        rows.append((f"stream from {name}", "-", _si(figure.one_core, "B/s"), _si(figure.all_cores, "B/s")))
+    rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
+    rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
+    return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])
 
 
 def _rows(rows: list[tuple[str, ...]]) -> list[str]:

@@ -21,11 +21,11 @@ from .llvm_emit import emit
 from .tensorir import primfunc
 
 
-def llvm_target(hardware: Hardware) -> dict:
+def llvm_target(cores: int) -> dict:
     """The LLVM target for this machine, as TVM's JSON form; CACHETILE_MCPU overrides the CPU
     (e.g. znver3 under valgrind, which has no AVX-512)."""
     mcpu = os.environ.get("CACHETILE_MCPU") or tvm.target.codegen.llvm_get_system_cpu()
-    return {"kind": "llvm", "mcpu": mcpu, "num-cores": hardware.cores}
+    return {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
 
 
 def use_all_cores(hardware: Hardware) -> None:
@@ -40,15 +40,16 @@ def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: boo
     use_all_cores(hardware)
     start = time.perf_counter()
     emitted = emit(workload, hardware, plan, double_buffer)
-    target = {**llvm_target(hardware), **{k: v for k, v in (target or {}).items() if k in ("mtriple", "mcpu")}}
+    target = {**llvm_target(hardware.cores), **{k: v for k, v in (target or {}).items() if k in ("mtriple", "mcpu")}}
     lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(target))
     return Built(lib, emitted, time.perf_counter() - start)
 
 
-def rebuild_script(workload: Workload, padded, schedule, output: str, main: str) -> str:
-    """A standalone script: the unscheduled TensorIR, the schedule trace, then `main`
-    (the body under __main__, which writes `output`)."""
-    module = tvm.IRModule({"main": primfunc(workload, padded)}).script()
+def rebuild_script(workload: Workload, padded, schedule, output: str, main: str, func=None, prelude: str = "") -> str:
+    """A standalone script: the unscheduled TensorIR (`func`, default tensorir.primfunc), the
+    schedule trace, then `main` (the body under __main__, which writes `output`); `prelude`
+    runs after the imports."""
+    module = tvm.IRModule({"main": func if func is not None else primfunc(workload, padded)}).script()
     module = "\n".join(line[2:] if line.startswith("# from tvm.script") else line for line in module.splitlines())
     steps = "\n".join(schedule.trace.as_python())
     return f'''"""Rebuild the cachetile schedule for {workload.kind} {workload.dims} and write {output}.
@@ -61,7 +62,7 @@ import os
 import sys
 
 import tvm
-{module}
+{prelude + chr(10) if prelude else ""}{module}
 
 sch = tvm.s_tir.Schedule(Module)
 {steps}
@@ -76,7 +77,7 @@ if __name__ == "__main__":
 def schedule_script(workload: Workload, hardware: Hardware, emitted: Emitted) -> str:
     """A standalone Python script that rebuilds this schedule and exports kernel.so."""
     main = f'''    os.environ.setdefault("TVM_NUM_THREADS", "{hardware.cores}")
-    lib = tvm.compile(sch.mod, target=tvm.target.Target({llvm_target(hardware)!r}))
+    lib = tvm.compile(sch.mod, target=tvm.target.Target({llvm_target(hardware.cores)!r}))
     lib.export_library(out)'''
     return rebuild_script(workload, emitted.padded, emitted.schedule, "kernel.so", main)
 

@@ -94,7 +94,7 @@ def metaschedule_kernel(w, hw, trials):
     from cachetile.backends.llvm_build import llvm_target
     from cachetile.backends.tensorir import primfunc
 
-    target = tvm.target.Target(llvm_target(hw))
+    target = tvm.target.Target(llvm_target(hw.cores))
     mod = tvm.IRModule({"main": primfunc(w)})
     with tempfile.TemporaryDirectory() as work, contextlib.redirect_stdout(sys.stderr):  # its logs
         start = time.perf_counter()

@@ -107,7 +107,9 @@ def _tensor_dv(tdims, nont, walk_pos, level, n_levels, blocks, counts):
     return (gained * mult).sum(axis=0)
 
 
-def _blocks(workload: Workload, tiles: Tiles, lowest: int):
+def loop_classes(workload: Workload, tiles: Tiles, lowest: int):
+    """Every loop's block classes (loop_blocks) and counts at the levels from `lowest` out:
+    what data_volume needs besides the orders."""
     n = len(tiles)
     blocks = {
         x: loop_blocks(e, [tiles[j][x] if j >= lowest else 1 for j in range(n)]) for x, e in workload.dims.items()
@@ -116,16 +118,18 @@ def _blocks(workload: Workload, tiles: Tiles, lowest: int):
 
 
 def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None,
-              local_level: int | None = None, output_level: int | None = None) -> np.ndarray:
+              local_level: int | None = None, output_level: int | None = None, only=None) -> np.ndarray:
     """Elements one op moves into `level`, summed over its inputs and outputs (each times
     weights[(op name, tensor)] when given). Intermediates move only below `local_level`
     (default: the outermost level); outputs are counted as they move into `output_level`
-    (default: `level`)."""
+    (default: `level`). `only`: count just these tensors."""
     n = len(orders)
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
     total = 0.0
     for name in workload.moved_tensors(op, level, n - 1 if local_level is None else local_level):
+        if only is not None and name not in only:
+            continue
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
         if weights and name in op.inputs:
@@ -148,7 +152,7 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None, offset: int = 0) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -157,10 +161,12 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     level as candidate arrays. With `hardware`, the registers (level 0) count load
     bandwidth: see register_weights (on GPUs threads stream their fragments from
     shared memory and their accumulators persist through the block's walk, so
-    outputs move as the block walk moves them).
+    outputs move as the block walk moves them). `blocks`: what loop_classes returned for
+    these tiles and levels, when the caller costs several orders of the same tiles. `only`:
+    count just these tensors.
     """
     levels = range(len(orders)) if levels is None else levels
-    blocks, counts = _blocks(workload, tiles, min(levels))
+    blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
     target = target_for(hardware)
     weights = None
     if offset == 0 and 0 in levels:
@@ -170,7 +176,8 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     for level in levels:
         w = weights if level + offset == 0 else None
         out_level = target.output_level(level + offset, len(orders) + offset)
-        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level) for op in workload.ops)
+        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level, only)
+                    for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
 
@@ -182,7 +189,7 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
     its best order. Outer levels only add loops that break reuse; checked against
     multi-level plans in the tests.
     """
-    blocks, counts = _blocks(workload, [tile], 0)
+    blocks, counts = loop_classes(workload, [tile], 0)
     total = 0.0
     for op in workload.ops:
         total = total + np.minimum.reduce(
@@ -308,9 +315,10 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
     the rest. Last, the target's launch_stretch (on GPUs, blocks run in waves of
     SMs x resident blocks, and too few resident warps slow the arithmetic).
     """
-    if tiles is None:
-        return np.asarray(workload.flops / hardware.peak_flops)
     target = target_for(hardware)
+    peak = target.peak_flops(workload)
+    if tiles is None:
+        return np.asarray(workload.flops / peak)
     total = 0.0
     parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
     padded = padded_extents(workload, tiles)
@@ -318,7 +326,7 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
         points = 1.0
         for x in op.loops:
             points = points * padded[x]
-        seconds = 2.0 * points / hardware.peak_flops / target.issue_efficiency(workload, op, tiles)
+        seconds = 2.0 * points / peak / target.issue_efficiency(workload, op, tiles)
         if parallel is not None:
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)

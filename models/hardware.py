@@ -9,9 +9,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput
+from .profile import Profile, load_profile, machine_key, profile_path
+from .workload import Dtype
 
 
 # Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
@@ -26,6 +28,8 @@ class Level(BaseModel):
     name: str
     capacity_bytes: int = Field(gt=0, le=MAX_CAPACITY)
     bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    ways: int | None = Field(None, ge=1, description="associativity of a hardware cache (sysfs); none for registers "
+                                                     "and software-managed memories")
 
 
 class GpuLimits(BaseModel):
@@ -39,6 +43,17 @@ class GpuLimits(BaseModel):
     max_threads_per_sm: int = Field(2048, ge=1)
     max_blocks_per_sm: int = Field(32, ge=1)
     warp: int = Field(32, ge=1)
+    arch: str | None = Field(None, pattern=r"^sm_\d+$",
+                             description="compute capability, e.g. sm_90; tensor-core kernels need sm_80 or newer")
+    tensor_flops: dict[Dtype, float] = Field(
+        {}, description="dense tensor-core peak FLOP/s per input dtype, fp32 accumulation (dtypes not listed run SIMT)")
+
+    @field_validator("tensor_flops")
+    @classmethod
+    def _finite_peaks(cls, peaks: dict) -> dict:
+        if any(not 0 < v < float("inf") for v in peaks.values()):
+            raise ValueError("tensor_flops must be finite and > 0")
+        return peaks
 
 
 class Hardware(BaseModel):
@@ -54,6 +69,11 @@ class Hardware(BaseModel):
     gpu: GpuLimits | None = Field(
         None, description="GPU only: level 0 is then a thread's registers (bytes), level 1 a block's shared memory"
     )
+    call_seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="fixed cost of one kernel call")
+    parallel_region_seconds: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                           description="cost of entering one parallel loop (CPU thread pool)")
+    calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
+                                                     "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 
     @model_validator(mode="after")
@@ -83,26 +103,29 @@ class Hardware(BaseModel):
 # 128 B/clock/SM (shared-memory bank throughput) times SMs times clock; L2 figures are
 # published microbenchmark results since NVIDIA does not state them. The register level
 # is one thread's 255-register limit, the shared level one block's limit (smem), and
-# smem_sm the per-SM pool that occupancy divides.
+# smem_sm the per-SM pool that occupancy divides. `tensor` is the dense tensor-core peak per
+# input dtype with fp32 accumulation (the whitepapers' figures without sparsity).
 _GPU = {
     "h100": dict(
         sms=132, clock=1.98e9, smem=227 * 1024, smem_sm=228 * 1024, l2=50 * 2**20, l2_bw=7.0e12, hbm=3.35e12,
-        peak=66.9e12,
+        peak=66.9e12, arch="sm_90", tensor={"float16": 989.4e12, "bfloat16": 989.4e12},
         source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (SXM5: 132 SMs, 256 KB registers/SM, "
-        "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32); L2 ~7 TB/s from "
-        "Chips and Cheese's H100 microbenchmarks",
+        "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32, 989.4 TFLOP/s dense "
+        "FP16/BF16 tensor core); L2 ~7 TB/s from Chips and Cheese's H100 microbenchmarks",
     ),
     "a100": dict(
         sms=108, clock=1.41e9, smem=163 * 1024, smem_sm=164 * 1024, l2=40 * 2**20, l2_bw=5.1e12, hbm=2.039e12,
-        peak=19.5e12,
+        peak=19.5e12, arch="sm_80", tensor={"float16": 312e12, "bfloat16": 312e12},
         source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (SXM4 80GB: 108 SMs, 256 KB registers/SM, "
-        "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32; L2 2.3x V100's)",
+        "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32, 312 TFLOP/s dense "
+        "FP16/BF16 tensor core; L2 2.3x V100's)",
     ),
     "v100": dict(
         sms=80, clock=1.53e9, smem=96 * 1024, smem_sm=96 * 1024, l2=6 * 2**20, l2_bw=2.155e12, hbm=0.9e12,
-        peak=15.7e12,
+        peak=15.7e12, arch="sm_70", tensor={"float16": 125e12},
         source="NVIDIA Tesla V100 GPU Architecture whitepaper (SXM2: 80 SMs, 256 KB registers/SM, 96 KB shared "
-        "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32); L2 2155 GB/s from Jia et al., "
+        "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32, 125 TFLOP/s FP16 tensor core; no BF16; "
+        "sm_70 has no mma.sync m16n8k16, so cachetile runs fp16 there on CUDA cores); L2 2155 GB/s from Jia et al., "
         "'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking' (2018)",
     ),
 }
@@ -123,7 +146,7 @@ def _gpu(name: str) -> Hardware:
         ],
         peak_flops=g["peak"],
         kind="gpu",
-        gpu=GpuLimits(sms=g["sms"], shared_per_sm_bytes=g["smem_sm"]),
+        gpu=GpuLimits(sms=g["sms"], shared_per_sm_bytes=g["smem_sm"], arch=g["arch"], tensor_flops=g["tensor"]),
         source=g["source"],
     )
 
@@ -169,8 +192,39 @@ def _cpu_hz() -> float:
     return 2.5e9
 
 
-def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
-    """Read this machine's data caches from sysfs; the vector register file is the innermost level."""
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _data_caches(cache_root: str) -> list[tuple[int, int, int | None]]:
+    """(level, bytes, ways) of each data or unified cache, innermost first."""
+    caches = []
+    for index in sorted(Path(cache_root).glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level, size = int((index / "level").read_text()), _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            ways = int((index / "ways_of_associativity").read_text()) or None
+        except (OSError, ValueError):
+            ways = None
+        caches.append((level, size, ways))
+    return sorted(caches)
+
+
+def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache", calibrated: bool = True) -> Hardware:
+    """Read this machine's data caches from sysfs; the vector register file is the innermost level.
+
+    With `calibrated` (the default), figures measured by `tune hardware host --calibrate` on
+    this machine replace the assumed peak, bandwidths and overheads (models/profile.py)."""
     cores = os.cpu_count() or 1
     hz = _cpu_hz()
     flags, vendor = _cpu_flags()
@@ -180,30 +234,52 @@ def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
     fma_bytes = 32 if vendor == "AuthenticAMD" else vec_bytes
     peak = cores * hz * 2 * (fma_bytes // 4) * 2
     levels = [Level(name="registers", capacity_bytes=nregs * vec_bytes, bandwidth_bytes_per_s=2 * vec_bytes * hz * cores)]
-    caches = []
-    for index in sorted(Path(cache_root).glob("index*")):
-        try:
-            ctype = (index / "type").read_text().strip()
-            if ctype == "Instruction":
-                continue
-            caches.append((int((index / "level").read_text()), _parse_size((index / "size").read_text())))
-        except (OSError, ValueError):
-            continue
-    for level, size in sorted(caches):
+    for level, size, ways in _data_caches(cache_root):
         bpc = _FILL_BYTES_PER_CYCLE.get(level, 8)
-        levels.append(Level(name=f"L{level}", capacity_bytes=size, bandwidth_bytes_per_s=bpc * hz * cores))
+        levels.append(Level(name=f"L{level}", capacity_bytes=size, bandwidth_bytes_per_s=bpc * hz * cores, ways=ways))
     # The outermost cache is filled from DRAM, not from a further cache.
     if len(levels) > 1:
         levels[-1] = levels[-1].model_copy(update={"bandwidth_bytes_per_s": _DRAM_BYTES_PER_CYCLE * hz * cores})
-    return Hardware(
+    hardware = Hardware(
         name="host",
         levels=levels,
         peak_flops=peak,
         cores=cores,
         vector_bytes=vec_bytes,
         source=f"{cache_root}, /proc/cpuinfo ({cores} cores at {hz / 1e9:.2f} GHz, {vec_bytes * 8}-bit vectors); "
-        "fill bandwidths are per-cycle assumptions documented in models/hardware.py",
+        "assumed figures: fill bandwidths are per-cycle assumptions documented in models/hardware.py "
+        "(tune hardware host --calibrate measures them)",
     )
+    if calibrated:
+        profile = load_profile(host_key(hardware))
+        if profile is not None:
+            hardware = apply_profile(hardware, profile)
+    return hardware
+
+
+def host_key(hardware: Hardware) -> str:
+    """The profile key of a host preset (models/profile.machine_key)."""
+    return machine_key(_cpu_model(), hardware.cores, hardware.vector_bytes,
+                       [(lv.name, lv.capacity_bytes) for lv in hardware.levels[1:]])
+
+
+def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
+    """The hardware with the profile's all-core figures (peak, each level's fill bandwidth,
+    overheads), times the profile's refit multipliers when it has a refit."""
+    fit = profile.refit
+    bandwidth = fit.bandwidth_multipliers if fit else {}
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": profile.fill_bandwidth[lv.name].all_cores
+                                    * bandwidth.get(lv.name, 1.0)})
+              if lv.name in profile.fill_bandwidth else lv for lv in hardware.levels]
+    refitted = f", refitted on {fit.created} to {fit.records} measured plans" if fit else ""
+    return hardware.model_copy(update={
+        "levels": levels, "peak_flops": profile.peak_flops.all_cores * (fit.peak_multiplier if fit else 1.0),
+        "call_seconds": profile.call_seconds * (fit.call_multiplier if fit else 1.0),
+        "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
+        "calibrated": profile.created,
+        "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
+                  f"{refitted} ({profile_path(profile.key)})",
+    })
 
 
 PRESETS = ("host", "h100", "a100", "v100")

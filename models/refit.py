@@ -2,33 +2,43 @@
 
 Every autotuned candidate is kept as a MeasuredPlan: the workload, the plan,
 the hardware profile it was costed on, and the seconds it took. `refit`
-scales the hardware's effective peak and each level's fill bandwidth so that
-the cost model's predicted times match the measured ones best, in the least-
-squares sense on log times (each plan counts by its ratio, not its size):
+scales the coefficients the cost model takes from calibration (the effective
+peak, each level's fill bandwidth, and on SIMD CPUs the serial costs: a
+parallel region's entry and a call) so that the model's predicted times match
+the measured ones best, in the least-squares sense on log times (each plan
+counts by its ratio, not its size):
 
-    predicted_i(p, b) = model(compute_i / p, [DV_il / (bandwidth_l * b_l)])
+    predicted_i = model(compute_i / p, [DV_il / (bandwidth_l b_l)])
+                  + sum_l S_il / (bandwidth_l b_l) + regions_i r_0 r + call_0 c
 
-with DV and compute from the cost model on the base hardware, p and b_l the
-multipliers (bounded to [1/20, 20]; a small ridge term keeps a multiplier
-that no measurement constrains at 1). The result is a Hardware with the
-fitted figures, usable as `--hardware FILE.json`. Only the bandwidths and the
-peak move; capacities, cores and vector width are what identify the machine
-(`fingerprint`), and only measurements on a machine with the same
-fingerprint and thread count are used.
+with DV, compute, the bytes S_il the kernel's packing copies stream over each
+link and its parallel regions from the cost model on the base hardware
+(models/kernel_costs.py), and p, b_l, r, c the multipliers (bounded to
+[1/20, 20]; a small ridge term keeps a multiplier that no measurement
+constrains at 1). Only the figures move; capacities, cores and vector width
+are what identify the machine (`fingerprint`), and only measurements on a
+machine with the same fingerprint and thread count are used.
+
+For the host, the multipliers are kept in its calibration profile
+(models/profile.Refit, `refit_profile`) and apply to the calibrated figures;
+for any other hardware the result is a Hardware usable as `--hardware FILE.json`.
 """
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 
 import numpy as np
 from pydantic import BaseModel, Field
 
+from .caches import tiles_nest
 from .costmodel import compute_seconds, data_volume
 from .errors import InvalidInput
-from .hardware import Hardware, Level
+from .hardware import Hardware, apply_profile
 from .objective import time_objective
 from .plan import Plan, make_plan
+from .profile import Profile, Refit
 from .workload import Workload
 
 MIN_RECORDS = 3
@@ -63,37 +73,37 @@ def matching(records: list[MeasuredPlan], hardware: Hardware) -> list[MeasuredPl
     return [r for r in records if fingerprint(r.hardware) == want and r.threads in (None, hardware.cores)]
 
 
-class Fit(BaseModel):
-    """What a refit found: the fitted hardware, its multipliers, and how well each model fits."""
+class Fit(Refit):
+    """What a refit found: the multipliers and how well each model fits (Refit), and the fitted hardware."""
 
     hardware: Hardware
-    peak_multiplier: float
-    bandwidth_multipliers: dict[str, float] = Field(description="per level, innermost first")
-    records: int
-    rms_log_error_before: float = Field(description="root mean square of ln(predicted / measured)")
-    rms_log_error_after: float
-    median_ratio_before: float = Field(description="median of predicted / measured")
-    median_ratio_after: float
-    spearman_before: float | None = Field(None, description="rank correlation of predicted and measured seconds")
-    spearman_after: float | None = None
 
 
-def _terms(hardware: Hardware, record: MeasuredPlan) -> tuple[float, np.ndarray]:
-    """The plan's compute seconds and per-level DV on the base hardware."""
+def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
+    """The plan's terms on the base hardware, in the order the multipliers come: compute
+    seconds, per-level DV, per-level bytes its serial copies stream, parallel regions entered,
+    calls (1 when the target charges serial costs, else 0)."""
     orders = [lp.order for lp in record.plan.levels]
     tiles = [lp.tile for lp in record.plan.levels]
     stages = record.plan.launch.stages if record.plan.launch else 1
     compute = float(compute_seconds(record.workload, hardware, orders, tiles, stages))
-    dv = np.array([float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)])
-    return compute, dv
+    dv = [float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)]
+    costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
+        if tiles_nest(record.workload, tiles) else None
+    streamed = costs.stream_bytes if costs else [0.0] * len(dv)
+    return np.array([compute, *dv, *streamed, costs.regions if costs else 0.0, 1.0 if costs else 0.0])
 
 
-def scaled(hardware: Hardware, peak: float, bandwidths: list[float]) -> Hardware:
-    """The hardware with its peak and each level's bandwidth multiplied."""
-    levels = [Level(name=lv.name, capacity_bytes=lv.capacity_bytes, bandwidth_bytes_per_s=lv.bandwidth_bytes_per_s * b)
+def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,
+           call: float = 1.0) -> Hardware:
+    """The hardware with its peak, each level's bandwidth and its serial costs multiplied."""
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": lv.bandwidth_bytes_per_s * b})
               for lv, b in zip(hardware.levels, bandwidths)]
-    return hardware.model_copy(update={"levels": levels, "peak_flops": hardware.peak_flops * peak,
-                                       "source": f"{hardware.source or hardware.name}, refitted to measurements"})
+    return hardware.model_copy(update={
+        "levels": levels, "peak_flops": hardware.peak_flops * peak,
+        "parallel_region_seconds": hardware.parallel_region_seconds * region,
+        "call_seconds": hardware.call_seconds * call,
+        "source": f"{hardware.source or hardware.name}, refitted to measurements"})
 
 
 def predictions(hardware: Hardware, records: list[MeasuredPlan]) -> np.ndarray:
@@ -118,40 +128,61 @@ def agreement(hardware: Hardware, records: list[MeasuredPlan]) -> tuple[float, f
     return float(np.sqrt(np.mean(np.log(ratio) ** 2))), float(np.median(ratio)), rho
 
 
-def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
-    """Fit the hardware's peak and per-level bandwidth multipliers to the records that match it
-    (`matching`); InvalidInput when fewer than MIN_RECORDS do."""
-    from scipy.optimize import least_squares
-
+def enough(records: list[MeasuredPlan], hardware: Hardware) -> list[MeasuredPlan]:
+    """The records that match `hardware` (`matching`); InvalidInput when fewer than MIN_RECORDS do."""
     records = matching(records, hardware)
     if len(records) < MIN_RECORDS:
         raise InvalidInput(f"refitting {hardware.name!r} needs at least {MIN_RECORDS} measured plans on a machine "
                            f"like it; found {len(records)} (autotune some workloads first: tune ... --autotune 8)")
-    terms = [_terms(hardware, r) for r in records]
-    compute = np.array([c for c, _ in terms])
-    dv = np.array([d for _, d in terms])  # records x levels
+    return records
+
+
+def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
+    """Fit the hardware's peak, per-level bandwidth and serial-cost multipliers to the records
+    that match it (`enough`)."""
+    from scipy.optimize import least_squares
+
+    records = enough(records, hardware)
+    n = len(hardware.levels)
+    terms = np.array([_terms(hardware, r) for r in records])
+    compute, dv, streamed, regions, calls = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
+                                             terms[:, 1 + 2 * n], terms[:, 2 + 2 * n])
     measured = np.log([r.measured_seconds for r in records])
     objective = time_objective(hardware)
-    n = len(hardware.levels)
+    bandwidth = np.array([lv.bandwidth_bytes_per_s for lv in hardware.levels])
 
     def residuals(theta: np.ndarray) -> np.ndarray:
-        links = [dv[:, j] / (hardware.levels[j].bandwidth_bytes_per_s * np.exp(theta[1 + j])) for j in range(n)]
-        predicted, _ = objective.value(compute / np.exp(theta[0]), links)
+        links = bandwidth * np.exp(theta[1:1 + n])
+        serial = (streamed / links).sum(axis=1) + regions * hardware.parallel_region_seconds * np.exp(theta[1 + n]) \
+            + calls * hardware.call_seconds * np.exp(theta[2 + n])
+        predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial)
         return np.concatenate([np.log(predicted) - measured, RIDGE * theta])
 
     # Two starts: unchanged, and everything scaled by the median misprediction.
-    uniform = float(np.median(residuals(np.zeros(n + 1))[: len(records)]))
+    k = n + 3
+    uniform = float(np.median(residuals(np.zeros(k))[: len(records)]))
     fits = [least_squares(residuals, x0, bounds=(-BOUND, BOUND), method="trf", diff_step=1e-3)
-            for x0 in (np.zeros(n + 1), np.clip(np.full(n + 1, uniform), -BOUND, BOUND))]
-    theta = min(fits, key=lambda f: f.cost).x
-    fitted = scaled(hardware, float(np.exp(theta[0])), [float(np.exp(t)) for t in theta[1:]])
+            for x0 in (np.zeros(k), np.clip(np.full(k, uniform), -BOUND, BOUND))]
+    m = np.exp(min(fits, key=lambda f: f.cost).x)
+    fitted = scaled(hardware, float(m[0]), [float(b) for b in m[1:1 + n]], float(m[1 + n]), float(m[2 + n]))
     (rms0, median0, rho0), (rms1, median1, rho1) = agreement(hardware, records), agreement(fitted, records)
     return Fit(
         hardware=fitted,
-        peak_multiplier=float(np.exp(theta[0])),
-        bandwidth_multipliers={lv.name: float(np.exp(t)) for lv, t in zip(hardware.levels, theta[1:])},
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         records=len(records),
+        peak_multiplier=float(m[0]),
+        bandwidth_multipliers={lv.name: float(b) for lv, b in zip(hardware.levels, m[1:1 + n])},
+        parallel_region_multiplier=float(m[1 + n]), call_multiplier=float(m[2 + n]),
         rms_log_error_before=rms0, rms_log_error_after=rms1,
         median_ratio_before=median0, median_ratio_after=median1,
         spearman_before=rho0, spearman_after=rho1,
     )
+
+
+def refit_profile(profile: Profile, assumed: Hardware, records: list[MeasuredPlan]) -> tuple[Profile, Fit]:
+    """Refit a calibration profile: the base is `assumed` (the host preset without a profile)
+    with the profile's measured figures, never a previous refit's, so refits do not compound;
+    returns the profile with the new multipliers and the fit."""
+    base = apply_profile(assumed, profile.model_copy(update={"refit": None}))
+    fit = refit(base, records)
+    return profile.model_copy(update={"refit": Refit.model_validate(fit.model_dump(exclude={"hardware"}))}), fit

@@ -12,6 +12,7 @@ and any tile that nests is legal. It also serves when no hardware is given.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -54,6 +55,10 @@ class Target:
 
         return memory_usage(workload, tile)
 
+    def peak_flops(self, workload: Workload) -> float:
+        """The arithmetic peak the workload's kernel can reach on this machine (FLOP/s)."""
+        return self.hardware.peak_flops
+
     def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping]) -> np.ndarray | float:
         """The fraction of peak one op's inner loop can issue at (1: peak)."""
         return 1.0
@@ -63,6 +68,14 @@ class Target:
         return 1.0
 
     # --- search space -------------------------------------------------------------------
+    def usable_bytes(self, level) -> int:
+        """How much of a level (a models.hardware.Level) a plan may fill."""
+        return level.capacity_bytes
+
+    def capacity_for(self, level, need: float) -> int:
+        """The smallest capacity of `level` whose usable share holds `need` bytes."""
+        return int(math.ceil(need))
+
     def vector_lanes(self, workload: Workload) -> int:
         """Elements of the workload's dtype in one SIMD register (1: no SIMD)."""
         return 1
@@ -90,6 +103,11 @@ class Target:
     def orders_at(self, level: int, orders: list) -> list:
         """The order classes worth searching at `level`."""
         return orders
+
+    def kernel_costs(self, workload: Workload, orders, tiles, stages: int = 1):
+        """What the emitted kernel spends besides the overlapped streaming (scalar plans): a
+        models.kernel_costs.KernelCosts, or None when the target models none."""
+        return None
 
     def compute_floor(self, workload: Workload, level: int, tile: Mapping, stages: int) -> np.ndarray | float:
         """A lower bound on launch_stretch given only `level`'s tiles (enumerate's bound)."""
