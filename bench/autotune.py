@@ -4,6 +4,7 @@ measurements changes.
 
     python bench/autotune.py [--k 8] [--pool 24] [--rounds 3] [--trials 64 200]
                              [--skip-metaschedule] [--skip-rpc] [--store PATH]
+    python bench/autotune.py --shapes [--k 8] [--store PATH]     (tables 5 and 4 alone)
 
 Tables (every time a median of >= 10 runs, see cachetile.backends.llvm_measure; where a kernel
 is timed in several rounds, its fastest round counts):
@@ -19,8 +20,11 @@ is timed in several rounds, its fastest round counts):
    servers (plans made for one core): the wall time of measuring (less the builds, which are
    the same sequential work in both), the plan each picks (index in the model's order), and the
    median gap between the fastest and the runner-up; two rounds each;
-4. refit: the model's peak and bandwidths refitted to table 1's measurements (models/refit.py),
-   in all and leaving each workload out in turn.
+4. refit: the model's peak, bandwidths and serial costs refitted to table 1's (or 5's)
+   measurements (models/refit.py), in all and leaving each workload out in turn;
+5. `--shapes`: bench/shapes.py's shapes (the calibration issue's benchmark), each autotuned with
+   K candidates: the chosen kernel and the model's own first plan against numpy (timed once per
+   shape, before the kernels, as `--autotune` does), and their geometric means.
 """
 from __future__ import annotations
 
@@ -189,9 +193,39 @@ def rpc_rows(workloads, hw, k, rounds=2):
                   "same plan", "runner-up gap"), rows)
 
 
+def shapes_rows(hw, k, store):
+    """Table 5: each shape of bench/shapes.py autotuned with K candidates (kept in `store`)."""
+    from shapes import SHAPES
+
+    from cachetile import builtin
+    from cachetile.api.autotune import autotune
+
+    rows, chosen, first = [], [], []
+    for name, kind, dims in SHAPES:
+        log(f"shapes: {name}: autotune {k}")
+        w = builtin(kind, dims)
+        a = autotune(request(w, hw, k), store=store).autotune
+        model = next((c.measurement for c in a.candidates if c.rank == 0 and c.measurement), None)
+        best = a.candidates[0].measurement
+        chosen.append(best.ratio)
+        first.append(model.ratio if model else None)
+        rows.append((name, f"{a.seconds:.1f}", f"{a.measured}/{len(a.candidates)}", str(a.chosen_rank),
+                     f"{best.kernel_gflops:.1f}", f"{best.reference_gflops:.1f}", f"{best.ratio:.2f}",
+                     "-" if model is None else f"{model.ratio:.2f}"))
+
+    def geomean(values):
+        values = [v for v in values if v]
+        return f"{float(np.exp(np.mean(np.log(values)))):.2f}"
+
+    rows.append(("geomean", "", "", "", "", "", geomean(chosen), geomean(first)))
+    return table(("shape", "plan+autotune s", "measured/distinct", "chosen rank", "chosen GFLOP/s", "numpy GFLOP/s",
+                  "chosen/numpy", "model's first/numpy"), rows)
+
+
 def refit_rows(hw, store, workloads):
     """The refit on every measurement, then on all but one workload, judged on that workload: how
     well it predicts the held-out plans, and how fast the plan it ranks first among them is."""
+    from cachetile.api.measurements import format_fit
     from cachetile.models.refit import agreement, predictions, refit
 
     def number(value):
@@ -211,8 +245,7 @@ def refit_rows(hw, store, workloads):
         (rms0, _, rho0), (rms1, _, rho1) = agreement(hw, test), agreement(held.hardware, test)
         rows.append((f"all but {name} (judged on it)", str(held.records), f"{rms0:.3f}", f"{rms1:.3f}", number(rho0),
                      number(rho1), f"{pick(hw, test):.3f}", f"{pick(held.hardware, test):.3f}"))
-    multipliers = ", ".join(f"{n} x{m:.3g}" for n, m in fit.bandwidth_multipliers.items())
-    return (f"refit on all {fit.records} plans: peak x{fit.peak_multiplier:.3g}; bandwidths {multipliers}\n\n" +
+    return (format_fit(fit, hw.name) + "\n\n" +
             table(("fitted on", "plans", "rms ln before", "rms ln after", "Spearman before", "Spearman after",
                    "first-ranked/fastest before", "after"), rows))
 
@@ -233,6 +266,7 @@ def main():
                     help="table 3 alone, this process on one thread like the servers (the full run starts it so)")
     ap.add_argument("--store", help="SQLite file to keep table 1's measurements in (default: a temporary one)")
     ap.add_argument("--refit-only", action="store_true", help="table 4 alone, from the measurements in --store")
+    ap.add_argument("--shapes", action="store_true", help="table 5 (bench/shapes.py's shapes), then table 4 on them")
     args = ap.parse_args()
 
     from cachetile import builtin, hardware_from
@@ -250,7 +284,14 @@ def main():
     use_all_cores(hw)
     workloads = [(n, builtin(kind, dims)) for n, kind, dims in WORKLOADS if not args.only or n in args.only]
     store = MeasurementStore(args.store or os.path.join(tempfile.mkdtemp(), "measurements.sqlite"))
-    if args.refit_only:
+    if args.shapes:
+        from shapes import SHAPES
+
+        state = f"calibrated {hw.calibrated}" if hw.calibrated else "assumed figures (no calibration profile)"
+        print(f"# autotuning the shapes on {cpu_name()} ({hw.cores} cores); hardware {hw.name}: {state}\n")
+        print(shapes_rows(hw, args.k, store) + "\n", flush=True)
+        workloads = [(n, builtin(kind, dims)) for n, kind, dims in SHAPES]
+    if args.refit_only or args.shapes:
         print(refit_rows(hw, store, workloads))
         return
     if args.rpc_only:
