@@ -49,19 +49,29 @@ class Kernel:
 
 def run_and_time(kernel: Kernel, lib, device, repeat: int, limit: float | None = None) -> tuple[float, float]:
     """Call the kernel once and check it (KernelMismatch), then time it: (median s, max |error|).
-    TooSlow instead when that one call shows the timing would pass `limit` seconds."""
+    TooSlow instead when that call (and a second, which may skip the first's one-time costs) shows
+    the timing would pass `limit` seconds."""
     from .llvm_measure import kernel_args, time_kernel
 
     w = kernel.workload
     args = kernel_args(w, kernel.inputs, device)
-    start = time.perf_counter()
-    lib["main"](*args)
-    once = time.perf_counter() - start
+
+    def once() -> float:
+        start = time.perf_counter()
+        lib["main"](*args)
+        return time.perf_counter() - start
+
+    first = once()
     outputs = {n: a.numpy() for n, a in zip(w.signature, args) if n not in kernel.inputs}
     error = compare(w, outputs, kernel.expected)
-    needed = (repeat + 1) * max(once, 0.02)  # time_kernel: repeat + 1 rounds of >= 20 ms
+    needed = (repeat + 1) * max(first, 0.02)  # time_kernel: repeat + 1 rounds of >= 20 ms
     if limit is not None and needed > limit:
-        raise TooSlow(f"one run took {once:.3g} s, so timing it would take about {needed:.0f} s, "
+        # A first call can pay one-time costs: some plans of gemm 197x3072x768 took 4 s on their
+        # first call and 6 ms on every later one. Judge by the second.
+        first = min(first, once())
+        needed = (repeat + 1) * max(first, 0.02)
+    if limit is not None and needed > limit:
+        raise TooSlow(f"one run took {first:.3g} s, so timing it would take about {needed:.0f} s, "
                       f"past the {limit:g} s limit")
     return time_kernel(lib, args, repeat, device), error
 
