@@ -7,6 +7,7 @@ to make a solve depend on the search alone (tests/golden_cases.py does).
 # Shares of the time left, for passes that precede others.
 COARSE_SHARE = 0.25  # enumerate: the coarse candidate pass, which finds incumbents for the fine pass
 SEED_SHARE = 0.3  # enumerate on SIMD CPUs: the pass around the best register tiles, before the full passes
+ROUNDING_SHARE = 0.5  # pyomo solvers: time to find a feasible rounded solution before enumeration takes over
 ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the rest is kept for the NLP fallback
 
 # Fixed caps, in seconds, whatever the limit.

@@ -18,7 +18,7 @@ import numpy as np
 from ..models.costmodel import compute_seconds, data_volume, single_level_bound
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
-from .space import Space
+from .space import Space, divisors
 
 
 class _Timeout(Exception):
@@ -143,7 +143,9 @@ class _Search:
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level >= 1:
-            compute = compute * sp.target.compute_floor(sp.workload, level, tile, sp.stages)
+            floor = sp.target.compute_floor(sp.workload, level, tile, sp.stages)
+            # An infinite floor (no launch fits) prunes the child even when compute costs nothing.
+            compute = np.where(np.isinf(floor), np.inf, compute * np.where(np.isinf(floor), 1.0, floor))
         else:
             compute = np.stack([
                 np.broadcast_to(sp.objective.compute(compute_seconds(
@@ -199,7 +201,7 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
         for i, x in enumerate(space.loops):
             extent, t = space.workload.dims[x], int(seed[i])
             grown[x] |= {t * j for j in range(1, LADDER + 1)} | {t << s for s in range(extent.bit_length())}
-            grown[x] |= {d for d in range(t, extent + 1, t) if extent % d == 0}  # divisors the seed divides
+            grown[x] |= {d for d in divisors(extent) if d % t == 0}  # divisors the seed divides
             grown[x] = {v for v in grown[x] if v <= extent}
         if used and np.prod([len(v) for v in grown.values()], dtype=np.float64) > LADDER_GRID:
             break

@@ -14,8 +14,7 @@ from typing import Callable, Sequence
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..models.costmodel import memory_usage
-from ..models.errors import InvalidInput
+from ..models.errors import Infeasible, InvalidInput
 from ..models.hardware import Hardware
 from ..models.objective import dv_objective
 from ..models.plan import Plan, Status
@@ -67,7 +66,8 @@ def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
 def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
     """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
 
-    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint).
+    The smallest tiling's MU is the level's usage as tune's feasibility check counts it
+    (Space.level_footprint: on SIMD registers and GPU levels the target's own usage).
 
     The most is the MU of the whole problem, or the next level out's capacity
     if smaller (inner tiles never exceed outer ones). The level's own capacity
@@ -76,8 +76,9 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
     if points < 2:
         raise InvalidInput(f"a sweep needs at least 2 points, got {points}")
     i = level_index(hardware, level)
-    lo = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
-    hi = float(memory_usage(workload, workload.dims))
+    space = Space(workload, hardware, stages=hardware.target.default_stages)
+    lo = space.level_footprint(i)
+    hi = float(space.usage(i, workload.dims))
     if i + 1 < len(hardware.levels):
         hi = min(hi, hardware.levels[i + 1].capacity_bytes)
     hi = max(hi, lo)
@@ -110,7 +111,10 @@ def pareto(
     `capacities` defaults to `capacity_sweep(workload, hardware, level, points)`.
     Each capacity is one solve with `solver` and `time_limit` seconds, whose
     status the point reports (`optimal` means DV_l is the proven minimum).
-    A capacity below the smallest tiling's footprint raises InfeasibleError.
+    A capacity given in `capacities` that no plan fits raises InfeasibleError; the
+    default sweep leaves such capacities out (on GPUs a block needs whole warps of
+    threads, so the smallest footprint alone may not launch) and raises only when
+    none fits.
     `progress(fraction, message)` is called before each solve and at the end.
     """
     i = level_index(hardware, level)
@@ -124,7 +128,12 @@ def pareto(
         if progress:
             progress(n / len(caps), f"{hardware.levels[i].name} capacity {cap} B")
         real = with_capacity(hardware, i, cap)
-        result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
+        try:
+            result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
+        except Infeasible:
+            if capacities is not None or (n == len(caps) - 1 and not swept):
+                raise
+            continue
         plan = result.plan  # costed on the hardware with this capacity
         swept.append(ParetoPoint(
             capacity_bytes=cap, mu_bytes=plan.levels[i].mu_bytes, dv_bytes=plan.levels[i].dv_bytes,

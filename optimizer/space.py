@@ -23,6 +23,7 @@ order per class is searched.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -36,10 +37,16 @@ from ..models.targets import Target
 from ..models.workload import Workload
 
 
+@functools.lru_cache(maxsize=64)
+def divisors(extent: int) -> tuple[int, ...]:
+    """Every divisor of `extent`, ascending (O(sqrt(extent)) steps: 46341 at MAX_EXTENT)."""
+    low = [d for d in range(1, math.isqrt(extent) + 1) if extent % d == 0]
+    return tuple(sorted({*low, *(extent // d for d in low)}))
+
+
 def tile_candidates(extent: int, fine: bool = True) -> np.ndarray:
     """Sorted candidate tile extents for one loop."""
-    values = {d for d in range(1, int(extent**0.5) + 1) if extent % d == 0}
-    values |= {extent // d for d in values}
+    values = set(divisors(extent))
     values |= {1 << i for i in range(extent.bit_length()) if 1 << i < extent}
     values.add(extent)
     if fine:
@@ -216,17 +223,26 @@ class Space:
     def n_levels(self) -> int:
         return len(self.hardware.levels)
 
-    def smallest_tiles(self) -> dict[str, int]:
-        """The smallest emittable tile of each loop: 1, or one vector on vector loops."""
-        return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
+    def smallest_tiles(self, level: int | None = None) -> dict[str, int]:
+        """The smallest emittable tile of each loop: 1, or one vector on vector loops; at `level`,
+        the smallest candidate the target allows there (GPUs hold serial loops whole at L2)."""
+        if level is None:
+            return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
+        smallest = {}
+        for x, e in self.workload.dims.items():
+            c = self.candidates[x]
+            allowed = c[np.broadcast_to(self.legal(x, c, e, level), c.shape)]
+            smallest[x] = int(allowed[0]) if len(allowed) else e
+        return smallest
 
     def min_footprint(self) -> float:
         """MU with the smallest tiles: below this no level can hold a plan."""
         return float(memory_usage(self.workload, self.smallest_tiles()))
 
     def level_footprint(self, level: int) -> float:
-        """Usage of `level` with the smallest tiles."""
-        return float(self.usage(level, self.smallest_tiles()))
+        """Usage of `level` (as the target counts it) with the smallest tiles allowed there:
+        below this the level cannot hold a plan."""
+        return float(self.usage(level, self.smallest_tiles(level)))
 
     def usage(self, level: int, tile) -> np.ndarray:
         """MU of `level` for (arrays of) tiles."""

@@ -1,6 +1,8 @@
 """The optimizer's front door: workload + hardware -> ranked, costed plans."""
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
 from ..models.errors import Infeasible, InvalidInput, NoPlanInTime, SolverFailed
@@ -18,20 +20,38 @@ MAX_STAGES = 8
 
 
 def check_capacities(space: Space) -> None:
+    space.target.check_launch(space.workload, space.stages)
     for j, lv in enumerate(space.hardware.levels):
         need = space.level_footprint(j)
         if lv.capacity_bytes < need:
             raise Infeasible(
                 f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
-                f"({_smallest(space)}) needs {need:.0f} bytes"
+                f"({_smallest(space, j)}) needs {need:.0f} bytes"
             )
 
 
-def _smallest(space: Space) -> str:
-    tiles = space.smallest_tiles()
+def _smallest(space: Space, level: int) -> str:
+    tiles = space.smallest_tiles(level)
     if all(v == 1 for v in tiles.values()):
         return "every tile 1"
     return "tiles " + ", ".join(f"{x}={v}" for x, v in tiles.items())
+
+
+def check_time_limit(seconds) -> float:
+    """The time limit as a float; InvalidInput unless it is a finite number of seconds > 0
+    (nan would never expire, inf never end)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInput(f"time limit must be a finite number of seconds > 0, got {seconds!r}")
+    return float(seconds)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _what(value) -> str:
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
 
 
 def tune(
@@ -53,29 +73,32 @@ def tune(
     NoPlanInTime when the time limit passes before any feasible plan is found,
     and SolverFailed when the solver itself fails.
     """
-    if solver not in SOLVERS:
+    start = time.perf_counter()
+    deadline = Deadline(check_time_limit(time_limit))  # setting up the space counts against the limit
+    if not isinstance(workload, Workload):
+        raise InvalidInput(f"workload must be a Workload (from builtin or workload_from_dict), got {_what(workload)}")
+    if not isinstance(hardware, Hardware):
+        raise InvalidInput(f"hardware must be a Hardware (from preset or hardware_from), got {_what(hardware)}")
+    if not isinstance(solver, str) or solver not in SOLVERS:
         raise InvalidInput(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
-    if time_limit <= 0:
-        raise InvalidInput(f"time limit must be > 0 seconds, got {time_limit}")
-    if top < 0:
-        raise InvalidInput(f"top must be >= 0, got {top}")
+    if not _is_int(top) or top < 0:
+        raise InvalidInput(f"top must be an integer >= 0, got {top!r}")
     target = hardware.target
     if stages is None:
         stages = target.default_stages
-    if not 1 <= stages <= MAX_STAGES:
-        raise InvalidInput(f"stages must be between 1 and {MAX_STAGES}, got {stages}")
+    if not _is_int(stages) or not 1 <= stages <= MAX_STAGES:
+        raise InvalidInput(f"stages must be an integer between 1 and {MAX_STAGES}, got {stages!r}")
     target.check_stages(stages)
-    start = time.perf_counter()
     space = Space(workload, hardware, stages=stages, objective=objective)
     check_capacities(space)
-    deadline = Deadline(time_limit)
     result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
     if not result.plans:
         if result.status == "infeasible":
             raise Infeasible(result.message or "no tiling fits the level capacities")
         if result.status == "error":
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
-        raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
+        why = f"{result.status}: {result.message}" if result.message else result.status
+        raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
     plans = [polish(space, c, polish_deadline) for c in result.plans]
     plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)

@@ -107,6 +107,9 @@ class Target:
             name = self.hardware.name if self.hardware is not None else "this hardware"
             raise InvalidInput(f"stages apply to GPU shared memory; {name!r} is a CPU (use --double-buffer)")
 
+    def check_launch(self, workload: Workload, stages: int) -> None:
+        """Raise Infeasible when no plan can launch whatever its tiles (nothing to check off GPUs)."""
+
     # --- plan --------------------------------------------------------------------------
     def plan_extras(self, workload: Workload, names: list[str], orders, tiles, stages: int):
         """What the plan document adds on this machine: (cache records, launch or None)."""
