@@ -28,7 +28,7 @@ from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
 from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
-from .report import format_hardware, format_measurement, format_pareto, format_table
+from .report import format_double_buffer, format_hardware, format_measurement, format_pareto, format_table
 from .request import PlanRequest, document
 
 
@@ -200,6 +200,8 @@ def run(argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(result))
+        if args.double_buffer and (exported is not None or measurement is not None):
+            print(format_double_buffer(result.plan.caches))
         if exported is not None:
             print(f"exported {', '.join(exported.files)} to {exported.directory}" +
                   "".join(f"; {c}" for c in exported.checks))

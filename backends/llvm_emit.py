@@ -18,10 +18,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheSite, Layout, cache_records, effective_tiles, input_caches, is_producer, micro_order, output_tile,
-    trips, walk,
+    CacheSite, Layout, cache_records, double_buffer_reason, effective_tiles, input_caches, is_producer, micro_order,
+    output_tile, parallel_positions, trips, walk,
 )
-from ..models.costmodel import parallel_candidates, parallel_loops
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import Plan
@@ -66,16 +65,17 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
     _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
+    parallel = parallel_positions(workload, orders, tiles, hardware.cores) if double_buffer else None
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
         _micro_kernel(sch, nests, op, micro_order(workload, op))
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, double_buffer, pipelined)
+                         nests, padded, lanes, parallel, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
-    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer), padded)
+    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores), padded)
 
 
 def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> None:
@@ -100,12 +100,10 @@ def _outer_shared(workload, op, pos, top) -> bool:
 
 def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
     """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores."""
-    if hardware.cores < 2:
-        return
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
-    for op, (index, count) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
-        if int(index) >= 0 and int(count) >= 2:
-            sch.parallel(nests.get(op, parallel_candidates(workload, orders, op)[int(index)]))
+    ops = {op.name: op for op in workload.ops}
+    for name, position in parallel_positions(workload, orders, tiles, hardware.cores).items():
+        sch.parallel(nests.get(ops[name], position))
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
@@ -121,8 +119,10 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
         sch.unroll(loop)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer,
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, parallel,
                  pipelined: list) -> None:
+    """Cache the input at `sites`; with `parallel` (the positions run in parallel; None: no
+    double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
     source = source_name(workload, sites[0].tensor, padded)
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
@@ -134,7 +134,7 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
             sch.compute_at(cache, nests.get(op, site.key), preserve_unit_loops=True)
         sch.transform_layout(cache, ("write", 0), site.layout.index_map())
         _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=site.key is None)
-        if double_buffer and site.key is not None:
+        if parallel is not None and double_buffer_reason(workload, site, parallel, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
