@@ -29,6 +29,9 @@ from .base import Emitted
 from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
 
 UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
+# TVM 0.27 legalises bfloat16 buffers to uint16 storage but not explicit bfloat16 vectors (a
+# BufferStore dtype mismatch), so these dtypes leave their vector loops to LLVM's auto-vectoriser.
+UNVECTORIZED = ("bfloat16",)
 
 
 class _Nests:
@@ -51,7 +54,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     padded, tiles = effective_tiles(workload, [lv.tile for lv in plan.levels])
     names = [lv.name for lv in plan.levels]
     top = len(names) - 1
-    lanes = hardware.target.vector_lanes(workload)
+    lanes = None if workload.dtype in UNVECTORIZED else hardware.target.vector_lanes(workload)
     sch = s_tir.Schedule(primfunc(workload, padded))
     blocks = {op.name: sch.get_sblock(block_name(workload, op, padded)) for op in workload.ops}
     nests = _Nests(workload, top)
@@ -68,7 +71,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     parallel = parallel_positions(workload, orders, tiles, hardware.cores) if double_buffer else None
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
-        _micro_kernel(sch, nests, op, micro_order(workload, op))
+        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
                          nests, padded, lanes, parallel, pipelined)
@@ -106,9 +109,11 @@ def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
         sch.parallel(nests.get(ops[name], position))
 
 
-def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
-    """Vectorise the register tile's last loop; unroll the others while the body stays small."""
-    sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
+def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None) -> None:
+    """Vectorise the register tile's last loop (unless lanes is None); unroll the others while
+    the body stays small."""
+    if lanes is not None:
+        sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
     budget = UNROLL_LIMIT
     for x in reversed(micro[:-1]):
         loop = nests.loops[(op.name, (x, -1))]
@@ -157,8 +162,10 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bo
         sch.parallel(order[0])
 
 
-def _vectorize(sch, loop, lanes: int) -> None:
+def _vectorize(sch, loop, lanes: int | None) -> None:
     extent = sch.get(loop).extent
+    if lanes is None:
+        return
     if isinstance(extent, tirx.IntImm) and extent.value > 1:
         if extent.value > lanes and extent.value % lanes == 0:
             loop = sch.split(loop, factors=[None, lanes])[1]

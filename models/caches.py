@@ -283,6 +283,13 @@ def output_tile(workload: Workload, orders, op: Op, tiles, padded, level: int = 
     return key, [p for p in above if p[0] not in out]
 
 
+def gpu_shared_copy(workload: Workload, name: str, tiles) -> bool:
+    """Whether the GPU backend copies an input's block (tiles effective) into shared memory: not
+    a one-element block, which every thread reads straight from memory (a copy gains nothing,
+    and TVM 0.27 fails to place a one-element dynamic shared buffer)."""
+    return int(workload.block(name, tiles[1])) > 1
+
+
 def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles, stages: int) -> list[CacheRecord]:
     """The caches of a GPU plan (orders and tiles innermost level first).
 
@@ -307,6 +314,11 @@ def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles,
                                            double_buffer=False, skipped_thrifty=False))
                 continue
             key = key_slice(positions, tensor.dims, tiles, padded, 1)
+            if not gpu_shared_copy(workload, name, tiles):
+                records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
+                                           layout="one element, read from memory by every thread", double_buffer=False,
+                                           skipped_thrifty=True))
+                continue
             records.append(CacheRecord(
                 tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
                 layout="row-major block " + "x".join(map(str, block)), double_buffer=stages > 1 and key is not None,

@@ -87,7 +87,7 @@ def tune(
     if stages is None:
         stages = target.default_stages
     if not _is_int(stages) or not 1 <= stages <= MAX_STAGES:
-        raise InvalidInput(f"stages must be an integer between 1 and {MAX_STAGES}, got {stages!r}")
+        raise InvalidInput(f"stages must be between 1 and {MAX_STAGES}, got {stages!r}")
     target.check_stages(stages)
     space = Space(workload, hardware, stages=stages, objective=objective)
     check_capacities(space)
