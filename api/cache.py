@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+from ..models.errors import InvalidInput
+
 
 def default_path() -> Path:
     """$CACHETILE_CACHE, else ~/.cache/cachetile/plans.sqlite."""
@@ -43,6 +45,18 @@ class PlanCache:
                 yield db
         finally:
             db.close()
+
+    def check(self) -> None:
+        """Raise InvalidInput, in one line, unless the file is (or can become) a plan cache: a
+        directory, a file that is not SQLite or an unwritable place fails here, not on every request."""
+        try:
+            len(self)
+            self.put("cachetile-check", "")
+            with self._db() as db:
+                db.execute("DELETE FROM plans WHERE key = ?", ("cachetile-check",))
+        except (sqlite3.Error, OSError) as exc:
+            self._created = False
+            raise InvalidInput(f"--cache {self.path} is not a usable SQLite plan cache: {exc}") from None
 
     def get(self, key: str) -> str | None:
         """The cached document, or None."""

@@ -9,11 +9,13 @@ non-dominated (MU, DV) points are the Pareto front.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
 
+from ..models.checked import check_hardware, check_workload
 from ..models.errors import Infeasible, InvalidInput
 from ..models.hardware import Hardware
 from ..models.objective import dv_objective
@@ -73,8 +75,10 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
     if smaller (inner tiles never exceed outer ones). The level's own capacity
     is added when it lies in that range, so the design point is on the curve.
     """
-    if points < 2:
-        raise InvalidInput(f"a sweep needs at least 2 points, got {points}")
+    check_workload(workload)
+    check_hardware(hardware)
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise InvalidInput(f"a sweep needs an integer number of points >= 2, got {points!r}")
     i = level_index(hardware, level)
     space = Space(workload, hardware, stages=hardware.target.default_stages)
     lo = space.level_footprint(i)
@@ -117,12 +121,14 @@ def pareto(
     none fits.
     `progress(fraction, message)` is called before each solve and at the end.
     """
+    check_workload(workload)
+    check_hardware(hardware)
     i = level_index(hardware, level)
+    if capacities is not None:
+        bad = [c for c in capacities if isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1]
+        if bad or not capacities:
+            raise InvalidInput(f"capacities must be whole numbers of bytes >= 1, got {bad[0] if bad else 'none'!r}")
     caps = sorted({int(c) for c in (capacity_sweep(workload, hardware, i, points) if capacities is None else capacities)})
-    if not caps:
-        raise InvalidInput("no capacities to sweep")
-    if caps[0] < 1:
-        raise InvalidInput(f"capacities must be >= 1 byte, got {caps[0]}")
     swept = []
     for n, cap in enumerate(caps):
         if progress:

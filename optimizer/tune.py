@@ -5,6 +5,7 @@ import math
 import numbers
 import time
 
+from ..models.checked import check_hardware, check_workload
 from ..models.errors import Infeasible, InvalidInput, NoPlanInTime, SolverFailed
 from ..models.hardware import Hardware
 from ..models.objective import Objective
@@ -49,11 +50,6 @@ def _is_int(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _what(value) -> str:
-    text = repr(value)
-    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
-
-
 def tune(
     workload: Workload,
     hardware: Hardware,
@@ -75,10 +71,8 @@ def tune(
     """
     start = time.perf_counter()
     deadline = Deadline(check_time_limit(time_limit))  # setting up the space counts against the limit
-    if not isinstance(workload, Workload):
-        raise InvalidInput(f"workload must be a Workload (from builtin or workload_from_dict), got {_what(workload)}")
-    if not isinstance(hardware, Hardware):
-        raise InvalidInput(f"hardware must be a Hardware (from preset or hardware_from), got {_what(hardware)}")
+    check_workload(workload)
+    check_hardware(hardware)
     if not isinstance(solver, str) or solver not in SOLVERS:
         raise InvalidInput(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
     if not _is_int(top) or top < 0:
