@@ -10,16 +10,21 @@ SEED_SHARE = 0.3  # enumerate on SIMD CPUs: the pass around the best register ti
 ROUNDING_SHARE = 0.5  # pyomo solvers: time to find a feasible rounded solution before enumeration takes over
 ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the rest is kept for the NLP fallback
 
-# Fixed caps, in seconds, whatever the limit.
+# Fixed caps, whatever the limit. Passes that stop early and hand their best plan on are capped
+# by work, not seconds (registry.Deadline), so they return the same plans on a loaded machine as
+# on an idle one, and the CLI, the service's workers and a cache miss agree; the time limit
+# still stops them first when it is shorter. A unit of work is one cost-model call, or
+# ROWS_PER_UNIT candidate tiles costed at once (about 0.4 to 1 ms here, on an AMD EPYC).
+ROWS_PER_UNIT = 4000
 # auto on SIMD CPUs: the search around the best register tiles. Full enumeration rarely proves
 # optimality there within seconds, and this pass finds the plan the full search ends up with.
-SEED_SECONDS = 1.2
+SEED_WORK = 2000.0
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
-# proving the best takes long; enumerate's best plan after this long is returned.
-GPU_SECONDS = 1.5
+# proving the best takes long; enumerate's best plan after this much work is returned.
+GPU_WORK = 3000.0
 # tune: polishing only breaks ties and trims data movement, so it gets a short slice.
-POLISH_SECONDS = 0.3
+POLISH_WORK = 300.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 
-CAPS = ("SEED_SECONDS", "GPU_SECONDS", "POLISH_SECONDS", "ROUND_POLISH_SECONDS")
+CAPS = ("SEED_WORK", "GPU_WORK", "POLISH_WORK", "ROUND_POLISH_SECONDS")

@@ -81,6 +81,7 @@ class _Search:
                 lv = sp.hardware.levels[level]
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
+                self.deadline.spend(len(self.grid) / budget.ROWS_PER_UNIT)
                 t = np.where(self.mu[level] <= lv.capacity_bytes, t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
@@ -126,6 +127,7 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level)[0]
                 secs[o, lo : lo + CHUNK] = dv / divisor
+                self.deadline.spend(1 + len(dv) / budget.ROWS_PER_UNIT)
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
@@ -151,6 +153,7 @@ class _Search:
                 np.broadcast_to(sp.objective.compute(compute_seconds(
                     sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles], sp.stages)),
                                 (len(rows),)) for order in orders])
+            self.deadline.spend(len(orders))
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -164,12 +167,15 @@ class _Search:
         keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
-            for flat in keep[: self.best.k]:
+            added = 0  # k distinct plans: orders differing only where one-trip loops sit are one plan
+            for flat in keep[: self.best.k * len(orders)]:
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 key = (float(bound.flat[flat]), float(cmax.flat[flat]), float(csum.flat[flat]))
-                self.best.add(Candidate(plan_orders, tiles, key))
+                added += self.best.add(Candidate(plan_orders, tiles, key))
+                if added == self.best.k:
+                    break
             return
         for flat in keep:
             if self.deadline.expired():
@@ -222,7 +228,7 @@ def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
     `feasible` when that smaller space was searched to the end, else `timeout`.
     """
     seeds = space.best_register_tiles(REGISTER_SEEDS)
-    best = TopK(max(top, 1))
+    best = TopK(max(top, 1), space)
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
     around, seeds = _ladders(space, seeds)
@@ -239,10 +245,10 @@ def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
 
 @register("enumerate")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
-    best = TopK(max(top, 1))
+    best = TopK(max(top, 1), space)
     evaluated = 0
     coarse = space.coarse()
-    passes = [(coarse, Deadline(deadline.left() * budget.COARSE_SHARE)), (space, deadline)]
+    passes = [(coarse, deadline.part(budget.COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing
     if coarse.grid_size() > GRID_MAX:
@@ -255,7 +261,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         seeds = space.best_register_tiles(REGISTER_SEEDS)
         if seeds is not None:
             around, seeds = _ladders(space, seeds)
-            passes.insert(0, (around, Deadline(deadline.left() * budget.SEED_SHARE), seeds))
+            passes.insert(0, (around, deadline.part(budget.SEED_SHARE), seeds))
     status = "timeout"
     for sp, limit, *seeds in passes:
         search = _Search(sp, limit, best, *seeds)

@@ -39,32 +39,57 @@ class SolveResult:
 
 
 class Deadline:
-    """Wall-clock budget shared by a solve and the steps inside it."""
+    """Wall-clock budget shared by a solve and the steps inside it, and optionally a budget of
+    search work (budget.py's units: about one cost-model call each). A pass bounded by work
+    instead of a fixed number of seconds finds the same plans on a busy machine as on an idle
+    one, so the CLI, the service and a cache miss agree; the time limit still bounds it."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, work: float | list[float] | None = None):
         self.start = time.perf_counter()
         self.end = self.start + seconds
+        # Work left, in a list shared with the deadlines `part` cuts from this one.
+        self._work = work if isinstance(work, list) else None if work is None else [float(work)]
+
+    def part(self, fraction: float) -> Deadline:
+        """A deadline `fraction` of the time left away, drawing on the same work budget."""
+        return Deadline(self.left() * fraction, self._work)
+
+    def spend(self, units: float) -> None:
+        if self._work is not None:
+            self._work[0] -= units
 
     def left(self) -> float:
         return self.end - time.perf_counter()
 
     def expired(self) -> bool:
-        return time.perf_counter() >= self.end
+        return time.perf_counter() >= self.end or (self._work is not None and self._work[0] <= 0)
+
+
+def rank(cand: Candidate) -> tuple:
+    """A total order on candidates: the ranking key, then the plan itself, so plans of equal
+    cost come out in the same order whichever a search happened to find first."""
+    return cand.key, cand.orders, cand.tiles
 
 
 @dataclass
 class TopK:
-    """The best k distinct candidates seen so far."""
+    """The best k distinct candidates seen so far. With a space, each is first put in canonical
+    form (Space.canonical), so plans that differ only where one-trip loops sit count once."""
 
     k: int
+    space: Space | None = None
     items: list[Candidate] = field(default_factory=list)
 
-    def add(self, cand: Candidate) -> None:
+    def add(self, cand: Candidate) -> bool:
+        """Add `cand` unless held already; returns whether it was new."""
+        if self.space is not None:
+            cand = self.space.canonical(cand)
         if any(c.orders == cand.orders and c.tiles == cand.tiles for c in self.items):
-            return
+            return False
         self.items.append(cand)
-        self.items.sort(key=lambda c: c.key)
+        self.items.sort(key=rank)
         del self.items[self.k :]
+        return True
 
     def worst_primary(self) -> float:
         """Objective a new plan must beat to enter; inf until k plans are held."""

@@ -207,6 +207,25 @@ class Space:
                 break
         return np.stack([rows[x][keep] for x in self.loops], axis=1)
 
+    def canonical(self, cand):
+        """The candidate with each level's one-trip loops (tile equal to the tile above) moved to
+        the end of their group (the target's leading loops, the other shared loops, the private
+        loops), in `loops` order. Where such a loop sits changes neither a cost nor the kernel, so
+        plans that differ only there are one plan."""
+        dims = [self.workload.dims[x] for x in self.loops]
+        leading, shared = set(self.target.leading_loops(self.workload)), set(self.workload.shared_loops)
+        orders = []
+        for j, order in enumerate(cand.orders):
+            parent = cand.tiles[j + 1] if j + 1 < len(cand.tiles) else dims
+            single = {x for i, x in enumerate(self.loops) if -(-parent[i] // cand.tiles[j][i]) == 1}
+
+            def place(x, order=order, single=single):
+                group = 0 if x in leading else 1 if x in shared else 2
+                return group, x in single, self.loops.index(x) if x in single else order.index(x)
+
+            orders.append(tuple(sorted(order, key=place)))
+        return dataclasses.replace(cand, orders=tuple(orders))
+
     def coarse(self) -> Space:
         """The same space over the coarse candidate sets (same objective and stages)."""
         return dataclasses.replace(self, fine=False)

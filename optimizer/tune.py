@@ -13,7 +13,7 @@ from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import polish
-from .registry import SOLVERS, Deadline, SolveResult
+from .registry import SOLVERS, Deadline, SolveResult, TopK
 from .space import Space
 
 InfeasibleError = Infeasible  # the name this module exported before errors were typed
@@ -93,9 +93,11 @@ def tune(
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
-    polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
-    plans = [polish(space, c, polish_deadline) for c in result.plans]
-    plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
+    polish_deadline = Deadline(deadline.left(), budget.POLISH_WORK)
+    polished = TopK(len(result.plans), space)  # canonical, distinct, in a total order (registry.rank)
+    for cand in result.plans:
+        polished.add(polish(space, cand, polish_deadline))
+    plans = polished.items
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
     return TuneResult(
         workload=workload,

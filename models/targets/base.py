@@ -29,7 +29,7 @@ class Target:
     fine_candidates: ClassVar[bool] = True  # tile candidates include the block-count and small-integer sets
     default_stages: ClassVar[int] = 1
     # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
-    # stopped after budget.GPU_SECONDS, "exact" is enumerate with the NLP solver as fallback.
+    # stopped after budget.GPU_WORK, "exact" is enumerate with the NLP solver as fallback.
     auto_strategy: ClassVar[str] = "exact"
 
     def __init__(self, hardware: Hardware | None):
