@@ -108,7 +108,9 @@ def _tensor_dv(tdims, nont, walk_pos, level, n_levels, blocks, counts):
     return (gained * mult).sum(axis=0)
 
 
-def _blocks(workload: Workload, tiles: Tiles, lowest: int):
+def loop_classes(workload: Workload, tiles: Tiles, lowest: int):
+    """Every loop's block classes (loop_blocks) and counts at the levels from `lowest` out:
+    what data_volume needs besides the orders."""
     n = len(tiles)
     blocks = {
         x: loop_blocks(e, [tiles[j][x] if j >= lowest else 1 for j in range(n)]) for x, e in workload.dims.items()
@@ -149,7 +151,7 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None, offset: int = 0) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0, blocks=None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -158,10 +160,11 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     level as candidate arrays. With `hardware`, the registers (level 0) count load
     bandwidth: see register_weights (on GPUs threads stream their fragments from
     shared memory and their accumulators persist through the block's walk, so
-    outputs move as the block walk moves them).
+    outputs move as the block walk moves them). `blocks`: what loop_classes returned for
+    these tiles and levels, when the caller costs several orders of the same tiles.
     """
     levels = range(len(orders)) if levels is None else levels
-    blocks, counts = _blocks(workload, tiles, min(levels))
+    blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
     target = target_for(hardware)
     weights = None
     if offset == 0 and 0 in levels:
@@ -183,7 +186,7 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
     its best order. Outer levels only add loops that break reuse; checked against
     multi-level plans in the tests.
     """
-    blocks, counts = _blocks(workload, [tile], 0)
+    blocks, counts = loop_classes(workload, [tile], 0)
     total = 0.0
     for op in workload.ops:
         total = total + np.minimum.reduce(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, single_level_bound
+from ..models.costmodel import compute_seconds, data_volume, loop_classes, single_level_bound
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -25,6 +25,7 @@ class _Timeout(Exception):
     pass
 
 
+LEAF_ROWS = 4  # register tiles per kept plan a leaf offers the top-k, once serial costs are added
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
@@ -37,15 +38,16 @@ def _grid(space: Space) -> np.ndarray:
 
 
 class _Search:
-    def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None):
-        self.space, self.deadline, self.best = space, deadline, best
+    def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None,
+                 beam: int | None = None):
+        self.space, self.deadline, self.best, self.beam = space, deadline, best, beam
         grid = _grid(space)
         self.grid = grid
         # Candidate tiles that fit each level by its own usage (SIMD registers hold
         # accumulators, GPU shared memory counts stages), level 0 limited to `register_rows` when given.
         tile = {x: grid[:, i] for i, x in enumerate(space.loops)}
         self.mu = [space.usage(j, tile) for j in range(space.n_levels)]
-        self.rows = [grid[mu <= lv.capacity_bytes] for mu, lv in zip(self.mu, space.hardware.levels)]
+        self.rows = [grid[mu <= space.capacity(j)] for j, mu in enumerate(self.mu)]
         # Rules of one level alone (GPU loops held whole or stepped one by one): applied once here.
         for j, rows in enumerate(self.rows):
             extents = np.array([space.workload.dims[x] for x in space.loops])
@@ -82,7 +84,7 @@ class _Search:
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
                 self.deadline.spend(len(self.grid) / budget.ROWS_PER_UNIT)
-                t = np.where(self.mu[level] <= lv.capacity_bytes, t, np.inf).reshape(shape)
+                t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
                 table = t
@@ -119,13 +121,14 @@ class _Search:
         divisor = sp.objective.divisors[level]
         orders = sp.target.orders_at(level, sp.orders)
         secs = np.empty((len(orders), len(rows)))
-        for o, order in enumerate(orders):
-            for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
+        for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
+            part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
+            classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
+            for o, order in enumerate(orders):
                 if self.deadline.expired():
                     raise _Timeout
-                part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
-                                 hardware=sp.hardware, offset=level)[0]
+                                 hardware=sp.hardware, offset=level, blocks=classes)[0]
                 secs[o, lo : lo + CHUNK] = dv / divisor
                 self.deadline.spend(1 + len(dv) / budget.ROWS_PER_UNIT)
         self.evaluated += len(rows) * len(orders)
@@ -148,12 +151,10 @@ class _Search:
             floor = sp.target.compute_floor(sp.workload, level, tile, sp.stages)
             # An infinite floor (no launch fits) prunes the child even when compute costs nothing.
             compute = np.where(np.isinf(floor), np.inf, compute * np.where(np.isinf(floor), 1.0, floor))
-        else:
-            compute = np.stack([
-                np.broadcast_to(sp.objective.compute(compute_seconds(
-                    sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles], sp.stages)),
-                                (len(rows),)) for order in orders])
-            self.deadline.spend(len(orders))
+        else:  # the register tile's own order does not change the arithmetic
+            compute = np.broadcast_to(sp.objective.compute(compute_seconds(
+                sp.workload, sp.hardware, (orders[0], *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))[None, :]
+            self.deadline.spend(1)
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -167,17 +168,22 @@ class _Search:
         keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
-            added = 0  # k distinct plans: orders differing only where one-trip loops sit are one plan
-            for flat in keep[: self.best.k * len(orders)]:
+            # The kernel's serial costs (copies, regions) are known only now that every level is
+            # fixed; they differ little between register tiles, so they are costed once per order.
+            serial = {}
+            for flat in keep[: LEAF_ROWS * self.best.k]:
+                if float(bound.flat[flat]) > self.best.worst_primary():
+                    break  # sorted by bound, and the serial costs only add
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-                key = (float(bound.flat[flat]), float(cmax.flat[flat]), float(csum.flat[flat]))
-                added += self.best.add(Candidate(plan_orders, tiles, key))
-                if added == self.best.k:
-                    break
+                if o not in serial:
+                    serial[o] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                    self.deadline.spend(1)
+                key = (float(bound.flat[flat]) + serial[o], float(cmax.flat[flat]), float(csum.flat[flat]))
+                self.best.add(Candidate(plan_orders, tiles, key))
             return
-        for flat in keep:
+        for flat in keep[: self.beam]:
             if self.deadline.expired():
                 raise _Timeout
             cutoff = self.best.worst_primary()
@@ -191,7 +197,7 @@ class _Search:
             )
 
 
-REGISTER_SEEDS = 16
+REGISTER_SEEDS = 6
 
 
 def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
@@ -217,30 +223,44 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
     return around, seeds[:used]
 
 
-LADDER = 8  # small multiples of a seed tile offered to the outer levels
-LADDER_GRID = 100_000  # tile combinations per level the seeded search holds
+LADDER = 4  # small multiples of a seed tile offered to the outer levels
+LADDER_GRID = 30_000  # tile combinations per level the seeded search holds
+BEAMS = (1, 2, 4, 8)  # children per node the seeded passes visit, in turn
 
 
-def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
-    """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`).
+def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = None) -> SolveResult:
+    """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`),
+    visiting at most BEAMS[i] children of each node, for i = 0, 1, ... while time lasts.
 
-    `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
-    `feasible` when that smaller space was searched to the end, else `timeout`.
+    Branch and bound over the full space proves little here (compute bounds the time, and
+    many outer tilings tie under it), so it would spend its budget in the first subtree. A
+    growing beam finds a good plan within milliseconds (beam 1 is the greedy dive) and then
+    widens the search over every level; the passes share their best plans, which prune the
+    next. The greedy dive has the whole `deadline`; the wider passes stop at `cap` too (auto
+    passes a deadline of work, budget.SEED_WORK, so the plans do not depend on the machine's
+    load). `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
+    `feasible` when the widest beam ran to the end, else `timeout`.
     """
+    wider = cap if cap is not None else deadline
     seeds = space.best_register_tiles(REGISTER_SEEDS)
     best = TopK(max(top, 1), space)
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
     around, seeds = _ladders(space, seeds)
-    search = _Search(around, deadline, best, seeds)
-    try:
-        search.run()
-        status = "feasible"
-    except _Timeout:
-        status = "timeout"
+    status, evaluated = "timeout", 0
+    for beam in BEAMS:
+        search = _Search(around, deadline if beam == BEAMS[0] else wider, best, seeds, beam=beam)
+        try:
+            search.run()
+            status = "feasible"
+        except _Timeout:
+            status = "timeout"
+        evaluated += search.evaluated
+        if status == "timeout" or (best.items and space.meets_lower_bound(best.items[0].key[0])):
+            break
     if best.items and space.meets_lower_bound(best.items[0].key[0]):
         status = "optimal"
-    return SolveResult(status, best.items, search.evaluated)
+    return SolveResult(status, best.items, evaluated)
 
 
 @register("enumerate")

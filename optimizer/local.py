@@ -39,7 +39,7 @@ def repair(space: Space, tiles: list[dict[str, int]], deadline: Deadline | None 
             return int(legal[x][i - 1] if i else legal[x][0])
 
         tiles[j] = {x: at_most(x, tiles[j][x]) for x in loops}
-        cap = space.hardware.levels[j].capacity_bytes
+        cap = space.capacity(j)
         steps = 0
         while space.usage(j, tiles[j]) > cap:
             if deadline is not None and deadline.expired():
@@ -62,7 +62,7 @@ def _scale_to_fit(space: Space, level: int, tile: dict[str, int], smallest, at_m
     def scaled(f: float) -> dict[str, int]:
         return {x: at_most(x, max(smallest[x], t * f)) for x, t in tile.items()}
 
-    cap = space.hardware.levels[level].capacity_bytes
+    cap = space.capacity(level)
     if space.usage(level, scaled(0.0)) > cap:
         return None
     lo, hi = 0.0, 1.0
@@ -115,8 +115,8 @@ def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
-        space.usage(j, tiles[j]) / lv.capacity_bytes
-        for j, lv in enumerate(space.hardware.levels)
+        space.usage(j, tiles[j]) / space.capacity(j)
+        for j in range(space.n_levels)
     )
 
 

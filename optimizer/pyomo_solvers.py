@@ -103,7 +103,7 @@ def _ipopt_model(space: Space, choice):
         )
         costs.append(cost)
         m.c.add(cost <= m.t)
-        log_cap = math.log(hw.levels[j].capacity_bytes / w.elem_bytes)
+        log_cap = math.log(space.capacity(j) / w.elem_bytes)
         for tensors in _mu_terms(space):
             m.c.add(sum(pyo.exp(sum(m.u[j, x] for x in dims) - log_cap) for dims in tensors) <= 1.0)
     m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))
@@ -133,7 +133,7 @@ def _scip_model(space: Space, choice):
         )
         costs.append(cost)
         m.c.add(cost <= m.t)
-        cap = hw.levels[j].capacity_bytes / w.elem_bytes
+        cap = space.capacity(j) / w.elem_bytes
         for tensors in _mu_terms(space):
             m.c.add(sum(pyo.prod([m.T[j, x] for x in dims]) for dims in tensors) <= cap)
     m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))

@@ -13,7 +13,7 @@ from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import polish
-from .registry import SOLVERS, Deadline, SolveResult, TopK
+from .registry import SOLVERS, Deadline, SolveResult, TopK, rescore
 from .space import Space
 
 InfeasibleError = Infeasible  # the name this module exported before errors were typed
@@ -23,10 +23,11 @@ MAX_STAGES = 8
 def check_capacities(space: Space) -> None:
     space.target.check_launch(space.workload, space.stages)
     for j, lv in enumerate(space.hardware.levels):
-        need = space.level_footprint(j)
-        if lv.capacity_bytes < need:
+        need, usable = space.level_footprint(j), space.capacity(j)
+        if usable < need:
+            share = f" ({usable} usable with {lv.ways}-way LRU)" if usable < lv.capacity_bytes else ""
             raise Infeasible(
-                f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
+                f"level {lv.name!r} holds {lv.capacity_bytes} bytes{share} but the smallest tiling "
                 f"({_smallest(space, j)}) needs {need:.0f} bytes"
             )
 
@@ -96,7 +97,7 @@ def tune(
     polish_deadline = Deadline(deadline.left(), budget.POLISH_WORK)
     polished = TopK(len(result.plans), space)  # canonical, distinct, in a total order (registry.rank)
     for cand in result.plans:
-        polished.add(polish(space, cand, polish_deadline))
+        polished.add(rescore(space, polish(space, cand, polish_deadline)))
     plans = polished.items
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
     return TuneResult(

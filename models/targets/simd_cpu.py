@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import Target
+from .cpu import CpuTarget
 
 # Independent accumulator vectors a core needs to hide FMA latency: about 4 cycles
 # on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle.
 FMA_CHAINS = 8
 
 
-class SimdCpu(Target):
+class SimdCpu(CpuTarget):
     name = "simd-cpu"
     registers_share_issue = True
     auto_strategy = "seeded"

@@ -1,0 +1,120 @@
+"""What the CPU kernel spends beside the streaming the DV model describes.
+
+The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
+
+- packing copies: each input is copied into its packed buffer at the key-slice
+  models/caches.py gives it, once per iteration of the loops around it (the
+  fills), reading the source array where it lives and writing the buffer;
+- an output that must resume from its running sum across a reduction loop
+  accumulates in a contiguous buffer of its block, or in place, zeroed first by
+  a pass of its own when it is the kernel's output (models/caches.output_plan);
+- parallel regions: the parallel loop is entered once per iteration of the
+  loops around it (in a fused chain, a producer's own parallel loop sits inside
+  the consumer's serial loops), each entry costing the thread pool's wake-up;
+- the call itself.
+
+These run between the FMA loops, not under them, so their times add to the
+plan's instead of overlapping it. Copies inside the parallel loop (or at the
+root, where the copy is itself parallel) share the cores; one above it runs on
+one core. A copy streams at the fill bandwidth of the level inside the one
+that holds what it reads (the whole source array) or writes (its buffer).
+
+Scalar plans only (tiles as ints): solvers evaluate it once per plan, where
+all levels but the register tile's are fixed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .caches import effective_tiles, input_caches, output_plan, trips, walk
+from .costmodel import parallel_candidates, parallel_loops
+from .hardware import Hardware
+from .workload import Workload
+
+
+@dataclass
+class KernelCosts:
+    seconds: float = 0.0  # serial: copies, zeroing, cropping, parallel regions, the call
+    copy_bytes: list[float] = field(default_factory=list)  # per level: bytes packing copies write into its buffers
+    regions: float = 0.0  # parallel loops entered per call
+    copy_seconds: float = 0.0
+    copies: list[tuple[str, int, float]] = field(default_factory=list)  # (tensor, level it is packed at, bytes)
+
+
+def stream_bandwidth(hardware: Hardware, nbytes: float) -> float:
+    """Bytes/s of streaming `nbytes`: the fill bandwidth of the level inside the smallest level
+    that holds them (the outermost level's, from memory, when none does)."""
+    levels = hardware.levels
+    home = next((i for i, lv in enumerate(levels) if lv.capacity_bytes >= nbytes), len(levels))
+    return levels[max(home - 1, 0)].bandwidth_bytes_per_s if home < len(levels) else levels[-1].bandwidth_bytes_per_s
+
+
+def _prod(values) -> float:
+    return float(math.prod(values))
+
+
+def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> KernelCosts:
+    """The serial costs of one plan (orders and tiles innermost level first, scalars)."""
+    orders = [list(o) for o in orders]
+    tiles = [{x: int(t[x]) for x in workload.dims} for t in tiles]
+    padded, eff = effective_tiles(workload, tiles)
+    cores, elem = hardware.cores, workload.elem_bytes
+    parallel = _parallel_positions(workload, orders, tiles, cores)
+    costs = KernelCosts(copy_bytes=[0.0] * len(tiles))
+    for site in input_caches(workload, orders, eff, padded):
+        if site.skipped:
+            continue
+        op = next(o for o in workload.ops if o.name == site.op)
+        positions = walk(workload, orders, op)
+        tdims = workload.tensors[site.tensor].dims
+        if site.key is None:
+            fills, block, shared = 1.0, _prod(padded[x] for x in tdims), cores
+        else:
+            above = positions[: positions.index(site.key) + 1]
+            fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(eff[site.level][x] for x in tdims)
+            shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
+        nbytes = fills * block * elem
+        costs.copy_bytes[site.level] += nbytes
+        costs.copies.append((site.tensor, site.level, nbytes))
+        source = workload.size(site.tensor) * elem
+        seconds = nbytes / stream_bandwidth(hardware, source) + nbytes / stream_bandwidth(hardware, block * elem)
+        costs.copy_seconds += seconds * cores / shared
+    for op in workload.ops:
+        plan = output_plan(workload, orders, op, eff, padded)
+        if plan and plan.holder is None and workload.tensors[op.output].role == "output":
+            size = _prod(padded[x] for x in workload.tensors[op.output].dims) * elem
+            costs.copy_seconds += size / stream_bandwidth(hardware, size)  # zeroing the whole output
+    costs.regions = _regions(workload, orders, eff, padded, parallel)
+    costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
+    return costs
+
+
+def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
+    """Per op, the position the backend runs in parallel (costmodel.parallel_loops) and whether
+    the op enters it itself (a chain's producer may run inside the consumer's parallel loop)."""
+    if cores < 2:
+        return {}
+    picked = {}
+    consumer = workload.ops[-1]
+    loops = parallel_loops(workload, orders, tiles, cores)
+    index, count = loops[-1]
+    if int(index) >= 0 and int(count) >= 2:
+        picked[consumer.name] = (parallel_candidates(workload, orders, consumer)[int(index)], True)
+    for op, (index, count) in zip(workload.ops[:-1], loops[:-1]):
+        if int(index) >= 0 and int(count) >= 2:
+            picked[op.name] = (parallel_candidates(workload, orders, op)[int(index)], True)
+        elif int(index) < 0 and consumer.name in picked:
+            picked[op.name] = (picked[consumer.name][0], False)
+    return picked
+
+
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict) -> float:
+    """Parallel loops entered per call: per op, the iterations of the loops around its parallel loop."""
+    total = 0.0
+    for op in workload.ops:
+        position, own = parallel.get(op.name, (None, False))
+        if own:
+            positions = walk(workload, orders, op)
+            total += _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(position)])
+    return total
