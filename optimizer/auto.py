@@ -32,7 +32,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     if result.status != "timeout" or deadline.left() <= 0.1:
         return result
     fallback = SOLVERS["pyomo-ipopt"](space, deadline, top)
-    merged = TopK(top, space)
+    merged = TopK(top)
     for cand in result.plans + fallback.plans:
         merged.add(cand)
     return SolveResult("feasible" if merged.items else "timeout", merged.items, result.evaluated + fallback.evaluated)

@@ -13,19 +13,20 @@ ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the res
 # Fixed caps, whatever the limit. Passes that stop early and hand their best plan on are capped
 # by work, not seconds (registry.Deadline), so they return the same plans on a loaded machine as
 # on an idle one, and the CLI, the service's workers and a cache miss agree; the time limit
-# still stops them first when it is shorter. A unit of work is one cost-model call, or
-# ROWS_PER_UNIT candidate tiles costed at once (0.3 to 1 ms on the AMD EPYC of BENCHMARKS.md).
+# still stops them first when it is shorter. A unit of work (Space.work) is one cost-model call
+# of a gemm over ROWS_PER_UNIT candidate tiles or fewer, scaled by the terms a workload's call
+# sums; on the AMD EPYC of BENCHMARKS.md a second is 1,000 to 3,000 units.
 ROWS_PER_UNIT = 4000
 # auto on SIMD CPUs: the widening passes around the best register tiles (enumeration.seeded);
 # their greedy dive may take longer. Plans found within 0.4 s matched those of 4 s passes
 # within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
 # 1024^3 GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
-SEED_WORK = 800.0
+SEED_WORK = 700.0
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
 # proving the best takes long; enumerate's best plan after this much work (about 1.5 s) is returned.
-GPU_WORK = 3000.0
+GPU_WORK = 2500.0
 # tune: polishing breaks ties and trims data movement, so it gets a short slice (about 0.15 s).
-POLISH_WORK = 200.0
+POLISH_WORK = 250.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 

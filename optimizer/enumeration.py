@@ -83,7 +83,7 @@ class _Search:
                 lv = sp.hardware.levels[level]
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
-                self.deadline.spend(len(self.grid) / budget.ROWS_PER_UNIT)
+                self.deadline.spend(sp.work(len(self.grid)))
                 t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
@@ -130,7 +130,7 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 secs[o, lo : lo + CHUNK] = dv / divisor
-                self.deadline.spend(1 + len(dv) / budget.ROWS_PER_UNIT)
+                self.deadline.spend(sp.work(len(dv)))
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
@@ -154,7 +154,7 @@ class _Search:
         else:  # the register tile's own order does not change the arithmetic
             compute = np.broadcast_to(sp.objective.compute(compute_seconds(
                 sp.workload, sp.hardware, (orders[0], *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))[None, :]
-            self.deadline.spend(1)
+            self.deadline.spend(sp.work(len(rows)))
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -179,7 +179,7 @@ class _Search:
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 if o not in serial:
                     serial[o] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
-                    self.deadline.spend(1)
+                    self.deadline.spend(sp.work(levels=sp.n_levels))
                 key = (float(bound.flat[flat]) + serial[o], float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
@@ -243,7 +243,7 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     """
     wider = cap if cap is not None else deadline
     seeds = space.best_register_tiles(REGISTER_SEEDS)
-    best = TopK(max(top, 1), space)
+    best = TopK(max(top, 1))
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
     around, seeds = _ladders(space, seeds)
@@ -265,7 +265,7 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
 
 @register("enumerate")
 def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
-    best = TopK(max(top, 1), space)
+    best = TopK(max(top, 1))
     evaluated = 0
     coarse = space.coarse()
     passes = [(coarse, deadline.part(budget.COARSE_SHARE)), (space, deadline)]

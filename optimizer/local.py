@@ -11,7 +11,6 @@ import math
 
 import numpy as np
 
-from . import budget
 from .registry import Candidate, Deadline, score
 from .space import Space
 
@@ -175,7 +174,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
             if moves:
                 arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(n)]
                 pred, mmax, msum, ok = score(space, best.orders, arrays)
-                deadline.spend(1 + len(moves) / budget.ROWS_PER_UNIT)
+                deadline.spend(space.work(len(moves), space.n_levels))
                 fill = _fill(space, arrays)
                 options += [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), best.orders, moves[m])
                             for m in np.flatnonzero(ok)]
@@ -185,7 +184,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                         if order != best.orders[j]:
                             orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
                             key, ok = _key(space, orders, tiles)
-                            deadline.spend(1)
+                            deadline.spend(space.work(levels=space.n_levels))
                             if ok:
                                 options.append((key, best_fill, orders, best.tiles))
             if grow:

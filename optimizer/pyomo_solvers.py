@@ -208,7 +208,7 @@ def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
 def _solve(space: Space, deadline: Deadline, top: int, engine: str) -> SolveResult:
     build = _ipopt_model if engine == "ipopt" else _scip_model
     choices = _level_choices(space)
-    best = TopK(max(top, 1), space)
+    best = TopK(max(top, 1))
     solved = [0]
     conditions: list[str] = []
     import pyomo.environ  # noqa: F401  (first use in a process: ~0.4 s, before the rounding share is set)

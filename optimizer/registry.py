@@ -66,15 +66,18 @@ class Deadline:
 
 
 def rank(cand: Candidate) -> tuple:
-    """A total order on candidates: the ranking key, then the plan itself, so plans of equal
-    cost come out in the same order whichever a search happened to find first."""
-    return cand.key, cand.orders, cand.tiles
+    """What candidates are sorted by: the ranking key. Ties keep the order the search found
+    them in (it visits larger tiles first), which is the same in every run: every pass that
+    stops early is bounded by work, not by the clock (Deadline), unless the time limit is hit."""
+    return cand.key
 
 
 @dataclass
 class TopK:
-    """The best k distinct candidates seen so far. With a space, each is first put in canonical
-    form (Space.canonical), so plans that differ only where one-trip loops sit count once."""
+    """The best k distinct candidates seen so far, best first (rank). With a space (tune's
+    final ranking) each is first put in canonical form (Space.canonical), so plans that differ
+    only where one-trip loops sit count once. The searches keep such variants apart: each is a
+    different start for the polish, whose tile moves can give those loops trips."""
 
     k: int
     space: Space | None = None
@@ -86,9 +89,7 @@ class TopK:
             cand = self.space.canonical(cand)
         if any(c.orders == cand.orders and c.tiles == cand.tiles for c in self.items):
             return False
-        self.items.append(cand)
-        self.items.sort(key=rank)
-        del self.items[self.k :]
+        self.items = sorted([*self.items, cand], key=rank)[: self.k]
         return True
 
     def worst_primary(self) -> float:

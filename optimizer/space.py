@@ -36,6 +36,7 @@ from ..models.hardware import Hardware
 from ..models.objective import Objective, time_objective
 from ..models.targets import Target
 from ..models.workload import Workload
+from . import budget
 
 
 @functools.lru_cache(maxsize=64)
@@ -246,6 +247,13 @@ class Space:
                 self._serial[key] = costs.seconds if costs else 0.0
             out[i] = self._serial[key]
         return out.reshape(shape) if shape else float(out[0])
+
+    def work(self, rows: int = 1, levels: int = 1) -> float:
+        """Units of search work (budget.py) of costing `rows` candidates over `levels` levels: a
+        cost-model call's time grows with the terms it sums (each op's tensors times the loops),
+        a gemm's call being one unit, and with the rows beyond ROWS_PER_UNIT."""
+        terms = sum(len(op.inputs) + 1 for op in self.workload.ops) * len(self.loops) / 9
+        return terms * levels * (1 + rows / budget.ROWS_PER_UNIT)
 
     def coarse(self) -> Space:
         """The same space over the coarse candidate sets (same objective and stages)."""

@@ -95,7 +95,7 @@ def tune(
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     polish_deadline = Deadline(deadline.left(), budget.POLISH_WORK)
-    polished = TopK(len(result.plans), space)  # canonical, distinct, in a total order (registry.rank)
+    polished = TopK(len(result.plans), space)  # canonical and distinct, best first
     for cand in result.plans:
         polished.add(rescore(space, polish(space, cand, polish_deadline)))
     plans = polished.items
