@@ -68,13 +68,13 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
     _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
-    parallel = parallel_positions(workload, orders, tiles, hardware.cores) if double_buffer else None
+    parallel_at = parallel_positions(workload, orders, tiles, hardware.cores) if double_buffer else None
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
         _micro_kernel(sch, nests, op, micro_order(workload, op), lanes)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, parallel, pipelined)
+                         nests, padded, lanes, hardware.cores, parallel_at, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
@@ -122,10 +122,10 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None) -
         sch.unroll(loop)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, parallel,
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, parallel_at,
                  pipelined: list) -> None:
-    """Cache the input at `sites`; with `parallel` (the positions run in parallel; None: no
-    double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
+    """Cache the input at `sites`; with `parallel_at` (per op, the position run in parallel; None:
+    no double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
     source = source_name(workload, sites[0].tensor, padded)
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
@@ -136,14 +136,15 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
         if site.key is not None:
             sch.compute_at(cache, nests.get(op, site.key), preserve_unit_loops=True)
         sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-        _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=site.key is None)
-        if parallel is not None and double_buffer_reason(workload, site, parallel, nests.top) is None:
+        _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
+        if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bool) -> None:
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int) -> None:
     """Walk the copy in the packed order, so writes are sequential; vectorise where reads are
-    too, and share a copy made outside every parallel loop among the cores."""
+    too, and share a copy made outside every parallel loop among `parallel` cores (its outer
+    loops fused until they have a trip per core)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -154,10 +155,13 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bo
     order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
     order += [parts[i][-1] for i in layout.inner_order]
     sch.reorder(*order)
+    if parallel > 1:
+        n, count = 1, sch.get(order[0]).extent.value
+        while count < parallel and n < len(order) - 1:
+            count, n = count * sch.get(order[n]).extent.value, n + 1
+        sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
     if layout.inner_order[-1] == rank - 1:
         _vectorize(sch, order[-1], lanes)
-    if parallel:
-        sch.parallel(order[0])
 
 
 def _vectorize(sch, loop, lanes: int | None) -> None:

@@ -119,16 +119,18 @@ def loop_classes(workload: Workload, tiles: Tiles, lowest: int):
 
 
 def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None,
-              local_level: int | None = None, output_level: int | None = None) -> np.ndarray:
+              local_level: int | None = None, output_level: int | None = None, only=None) -> np.ndarray:
     """Elements one op moves into `level`, summed over its inputs and outputs (each times
     weights[(op name, tensor)] when given). Intermediates move only below `local_level`
     (default: the outermost level); outputs are counted as they move into `output_level`
-    (default: `level`)."""
+    (default: `level`). `only`: count just these tensors."""
     n = len(orders)
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
     total = 0.0
     for name in workload.moved_tensors(op, level, n - 1 if local_level is None else local_level):
+        if only is not None and name not in only:
+            continue
         tdims = workload.tensors[name].dims
         nont = [y for y in op.loops if y not in tdims]
         if weights and name in op.inputs:
@@ -151,7 +153,7 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None, offset: int = 0, blocks=None) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -161,7 +163,8 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     bandwidth: see register_weights (on GPUs threads stream their fragments from
     shared memory and their accumulators persist through the block's walk, so
     outputs move as the block walk moves them). `blocks`: what loop_classes returned for
-    these tiles and levels, when the caller costs several orders of the same tiles.
+    these tiles and levels, when the caller costs several orders of the same tiles. `only`:
+    count just these tensors.
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
@@ -174,7 +177,8 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     for level in levels:
         w = weights if level + offset == 0 else None
         out_level = target.output_level(level + offset, len(orders) + offset)
-        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level) for op in workload.ops)
+        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level, only)
+                    for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .caches import effective_tiles, input_caches, output_plan, trips, walk
+from .caches import effective_tiles, input_caches, outer_shared, output_plan, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .workload import Workload
@@ -39,7 +39,11 @@ class KernelCosts:
     copy_bytes: list[float] = field(default_factory=list)  # per level: bytes packing copies write into its buffers
     regions: float = 0.0  # parallel loops entered per call
     copy_seconds: float = 0.0
-    copies: list[tuple[str, int, float]] = field(default_factory=list)  # (tensor, level it is packed at, bytes)
+    # (tensor, level it is packed at, bytes copied, bytes of its buffer)
+    copies: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
+    # once, bytes written back from its buffer)
+    outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
 
 
 def stream_bandwidth(hardware: Hardware, nbytes: float) -> float:
@@ -62,9 +66,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     cores, elem = hardware.cores, workload.elem_bytes
     parallel = _parallel_positions(workload, orders, tiles, cores)
     costs = KernelCosts(copy_bytes=[0.0] * len(tiles))
-    for site in input_caches(workload, orders, eff, padded):
-        if site.skipped:
-            continue
+    copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
+    for site in copies:
         op = next(o for o in workload.ops if o.name == site.op)
         positions = walk(workload, orders, op)
         tdims = workload.tensors[site.tensor].dims
@@ -76,18 +79,35 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
-        costs.copies.append((site.tensor, site.level, nbytes))
+        costs.copies.append((site.tensor, site.level, nbytes, block * elem))
         source = workload.size(site.tensor) * elem
         seconds = nbytes / stream_bandwidth(hardware, source) + nbytes / stream_bandwidth(hardware, block * elem)
         costs.copy_seconds += seconds * cores / shared
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
-        if plan and plan.holder is None and workload.tensors[op.output].role == "output":
-            size = _prod(padded[x] for x in workload.tensors[op.output].dims) * elem
-            costs.copy_seconds += size / stream_bandwidth(hardware, size)  # zeroing the whole output
-    costs.regions = _regions(workload, orders, eff, padded, parallel)
+        if not plan or workload.tensors[op.output].role != "output":
+            continue
+        out = workload.tensors[op.output].dims
+        size = _prod(padded[x] for x in out) * elem
+        if plan.holder is None:  # zeroed in place, a pass over the whole output
+            costs.outputs.append((op.output, size, size, 0.0))
+            costs.copy_seconds += size / stream_bandwidth(hardware, size)
+        else:  # zeroed block by block in its buffer, then each block written back to the array
+            positions = walk(workload, orders, op)
+            under = positions[positions.index(plan.holder) + 1:]
+            block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
+            costs.outputs.append((op.output, size, block, size))
+            costs.copy_seconds += size / stream_bandwidth(hardware, block) + 2 * size / stream_bandwidth(hardware, size)
+    costs.regions = _regions(workload, orders, eff, padded, parallel, sum(site.key is None for site in copies))
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def _extent_under(x: str, under: list, tiles, padded) -> int:
+    """How much of loop x the positions `under` (a walk's tail) iterate: the tile of the level
+    above the outermost of them walking x (the register tile when none does)."""
+    j = max((level for y, level in under if y == x), default=-1)
+    return tiles[j + 1][x] if j + 1 < len(tiles) else padded[x]
 
 
 def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
@@ -109,12 +129,22 @@ def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[s
     return picked
 
 
-def _regions(workload: Workload, orders, tiles, padded, parallel: dict) -> float:
-    """Parallel loops entered per call: per op, the iterations of the loops around its parallel loop."""
-    total = 0.0
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_copies: int) -> float:
+    """Parallel loops entered per call: per op, the iterations of the loops around its parallel
+    loop, and again around its zeroing when that is split off above the parallel loop (the
+    zeroing nest repeats it); plus one per copy made at the root, which is parallel itself."""
+    total = float(root_copies) if parallel else 0.0
     for op in workload.ops:
         position, own = parallel.get(op.name, (None, False))
-        if own:
-            positions = walk(workload, orders, op)
-            total += _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(position)])
+        if not own:
+            continue
+        plan = output_plan(workload, orders, op, tiles, padded)
+        positions = walk(workload, orders, op)
+        if plan is not None:  # the order the kernel runs them in (one-trip loops may have moved)
+            top = len(tiles) - 1
+            positions = [p for p in positions if outer_shared(workload, op, p, top)] + plan.owned
+        around = lambda p: _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(p)])  # noqa: E731
+        total += around(position)
+        if plan is not None and positions.index(plan.start) < positions.index(position):
+            total += around(plan.start)
     return total

@@ -3,12 +3,10 @@ import os
 import re
 import subprocess
 import sys
-from collections import Counter
 
 import numpy as np
 import pytest
 import tvm
-from tvm import s_tir, tirx
 
 from cachetile import builtin, make_plan, preset, tune
 from cachetile.backends.base import get_backend
@@ -22,6 +20,7 @@ from cachetile.models.hardware import Hardware, Level
 from cachetile.optimizer.registry import SOLVERS
 
 from simulator import simulate_dv
+from tir_walk import block_runs
 
 HOST = preset("host")
 
@@ -48,6 +47,21 @@ def test_every_solver_plan_builds_and_matches_numpy(kind, solver):
         check(w, built.lib)  # raises KernelMismatch with the element that differs
 
 
+@pytest.mark.parametrize("kind,dims", [
+    ("gemm", {"m": 1000, "n": 1023, "k": 127}),
+    ("gemm", {"m": 1023, "n": 7, "k": 1000}),
+    ("batch-gemm", {"b": 2, "m": 127, "n": 1000, "k": 1}),
+    ("gemm-chain", {"m": 127, "l": 1023, "k": 7, "n": 97}),
+])
+def test_odd_sizes_pad_inside_the_packed_buffers_and_match_numpy(kind, dims):
+    """Sizes 1, 7, 97, 127, 1000, 1023: full micro-tiles on zero-padded packed blocks, cropped
+    where the tile is stored."""
+    w = builtin(kind, dims)
+    result = tune(w, HOST, time_limit=3, top=0)
+    built = build(w, HOST, result.plan)
+    check(w, built.lib)
+
+
 def test_every_alternative_of_a_chain_builds_and_matches_numpy():
     w = builtin("gemm-chain", {"b": 2, "m": 64, "n": 48, "k": 40, "l": 96})
     result = tune(w, HOST, time_limit=5, top=5)
@@ -72,22 +86,6 @@ def test_a_wrong_kernel_is_caught():
         check(w, Off())
 
 
-def _block_runs(stmt, mult=1, acc=None):
-    """How many times each block runs: the product of the loop extents around it."""
-    acc = Counter() if acc is None else acc
-    if isinstance(stmt, tirx.For):
-        _block_runs(stmt.body, mult * int(stmt.extent), acc)
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            _block_runs(s, mult, acc)
-    elif isinstance(stmt, s_tir.SBlockRealize):
-        acc[stmt.block.name_hint] += mult
-        _block_runs(stmt.block.body, mult, acc)
-    elif hasattr(stmt, "body"):
-        _block_runs(stmt.body, mult, acc)
-    return acc
-
-
 NESTED_PLANS = [  # innermost level first; every tile divides the one above, so nothing is padded
     ("gemm", {"m": 256, "n": 128, "k": 192}, ["m", "n", "k"],
      [{"m": 4, "n": 64, "k": 1}, {"m": 16, "n": 64, "k": 64}, {"m": 64, "n": 128, "k": 192}]),
@@ -109,7 +107,7 @@ def test_cache_copies_move_exactly_the_modelled_volume(kind, dims, order, inner)
     plan = make_plan(w, HOST, orders, tiles)
     built = build(w, HOST, plan)
     assert built.emitted.padded == w.dims
-    runs = _block_runs(built.emitted.schedule.mod["main"].body)
+    runs = block_runs(built.emitted.schedule.mod["main"].body)
     names = [lv.name for lv in plan.levels]
     emitted = [c for c in plan.caches if not c.skipped_thrifty and c.level != "registers"]
     assert emitted, "the plan should copy at least one input"
@@ -137,7 +135,7 @@ def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
     assert not caches[("A", "L2")].skipped_thrifty and caches[("A", "L2")].attach_loop == "root"
     assert caches[("A", "L1")].skipped_thrifty  # a block of the packed layout is already contiguous
     built = build(w, hw, plan)
-    inputs = {n for n in _block_runs(built.emitted.schedule.mod["main"].body) if n.endswith("_global") and n[0] in "AB"}
+    inputs = {n for n in block_runs(built.emitted.schedule.mod["main"].body) if n.endswith("_global") and n[0] in "AB"}
     assert inputs == {"A_global"}
     check(w, built.lib)
 
