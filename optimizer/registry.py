@@ -75,19 +75,21 @@ def rank(cand: Candidate) -> tuple:
 @dataclass
 class TopK:
     """The best k distinct candidates seen so far, best first (rank). With a space (tune's
-    final ranking) each is first put in canonical form (Space.canonical), so plans that differ
-    only where one-trip loops sit count once. The searches keep such variants apart: each is a
+    final ranking) plans that differ only where one-trip loops sit (Space.canonical) count
+    once, as the first of them added. The searches keep such variants apart: each is a
     different start for the polish, whose tile moves can give those loops trips."""
 
     k: int
     space: Space | None = None
     items: list[Candidate] = field(default_factory=list)
 
+    def _same(self, cand: Candidate) -> Candidate:
+        return self.space.canonical(cand) if self.space is not None else cand
+
     def add(self, cand: Candidate) -> bool:
         """Add `cand` unless held already; returns whether it was new."""
-        if self.space is not None:
-            cand = self.space.canonical(cand)
-        if any(c.orders == cand.orders and c.tiles == cand.tiles for c in self.items):
+        same = self._same(cand)
+        if any(c.orders == same.orders and c.tiles == same.tiles for c in map(self._same, self.items)):
             return False
         self.items = sorted([*self.items, cand], key=rank)[: self.k]
         return True
