@@ -5,7 +5,7 @@ dv_bytes counts the refills of the blocks the FMA loops read. The kernel also
 copies each packed input: the copy at level L reads the source through every
 level inside L (misses there) and writes its buffer, whose lines are fetched
 for ownership at every level up to L (write-allocate). Where the buffer fits a
-level (its usable share, targets/cpu.py), the lines the copy brought in are
+level (its usable share, targets/simd_cpu.py), the lines the copy brought in are
 still there when the FMA loops first read them: those first fills are not
 paid twice. An output accumulated across a reduction is zeroed first (missing
 wherever the block zeroed at once does not fit) and, from its buffer, written
