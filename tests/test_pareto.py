@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from conftest import memory_bound
 
-from cachetile import InfeasibleError, builtin, capacity_sweep, data_volume, memory_usage, pareto
-from cachetile.optimizer.space import order_classes
+from cachetile import InfeasibleError, builtin, capacity_sweep, data_volume, memory_usage, pareto, preset
+from cachetile.optimizer.space import Space, order_classes
 
 
 def brute_force_curve(w):
@@ -77,6 +77,23 @@ def test_default_sweep_and_progress():
     assert seen == [i / len(caps) for i in range(len(caps))] + [1.0]
     dvs = [p.dv_bytes for p in result.points]
     assert dvs == sorted(dvs, reverse=True)  # more room never moves more data
+
+
+@pytest.mark.parametrize("level", ["registers", "shared"])
+def test_gpu_presets_sweep_the_levels_own_usage(level):
+    """The README's example: on GPUs a level's usage is the target's (registers per thread,
+    shared memory with its stages), so the sweep starts from that smallest tiling, not from the
+    plain MU tune would reject; capacities no launch fits (a block needs whole warps) are left out."""
+    w = builtin("gemm-chain", {"m": 64, "k": 16, "l": 64, "n": 16})
+    hw = preset("h100")
+    caps = capacity_sweep(w, hw, level, points=4)
+    i = [lv.name for lv in hw.levels].index(level)
+    assert caps[0] == Space(w, hw, stages=2).level_footprint(i) > float(memory_usage(w, {x: 1 for x in w.dims}))
+    front = pareto(w, hw, level, points=4, time_limit=2)
+    assert front.points and set(p.capacity_bytes for p in front.points) <= set(caps)
+    assert all(p.mu_bytes <= p.capacity_bytes for p in front.points)
+    dvs = [p.dv_bytes for p in front.points]
+    assert dvs == sorted(dvs, reverse=True) and front.front
 
 
 def test_bad_level_and_capacity():
