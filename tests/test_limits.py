@@ -4,33 +4,22 @@ on how busy the machine is; and alternatives are distinct plans."""
 import json
 import sys
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from golden_cases import SIMD
-from cachetile import builtin, preset, tune
-from cachetile.models.errors import Infeasible, InvalidInput, NoPlanInTime
-from cachetile.models.hardware import hardware_from
-from cachetile.models.workload import MAX_EXTENT
-from cachetile.optimizer import registry
-from cachetile.optimizer.registry import SOLVERS
-from cachetile.optimizer.space import Space
 
-# What a solve may take beyond its limit (README, "Optimizer"): the last cost-model call or
-# solver step in flight, and costing the returned plans.
-MARGIN = 1.0
-E = MAX_EXTENT
-# The issue's cases and the extremes: every extent at the cap, one huge loop among small ones,
-# 10^9 cubed (whose ~63,000 tile candidates per loop once made repair run for minutes).
-EXTREMES = [
-    ("gemm", {"m": E, "n": E, "k": E}),
-    ("gemm", {"m": 1, "n": E, "k": 1}),
-    ("gemm", {"m": 10**9, "n": 10**9, "k": 10**9}),
-    ("gemm-chain", {"m": 127, "l": 127, "k": 64, "n": E}),
-    ("batch-gemm", {"b": E, "m": 3, "n": E, "k": 7}),
-    ("gemm-chain", {"b": E, "m": E, "l": E, "k": E, "n": E}),
-]
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from extreme_extents import EXTREMES, MARGIN, E  # noqa: E402  (the sweep bench/extreme_extents.py records)
+
+from cachetile import builtin, preset, tune  # noqa: E402
+from cachetile.models.errors import Infeasible, InvalidInput, NoPlanInTime  # noqa: E402
+from cachetile.models.hardware import hardware_from  # noqa: E402
+from cachetile.optimizer import registry  # noqa: E402
+from cachetile.optimizer.registry import SOLVERS  # noqa: E402
+from cachetile.optimizer.space import Space  # noqa: E402
 
 
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
