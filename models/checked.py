@@ -36,17 +36,33 @@ def check_plan(workload: Workload, orders, tiles, levels: int | None = None) -> 
         costmodel.check_order(workload, order)
 
 
+def _candidates(tiles) -> list[dict]:
+    """Tiles with every value broadcast to one 1-D array of candidates when any value is an array
+    (the model costs arrays of candidates, each level's of the same length), else as given."""
+    shapes = [np.shape(v) for t in tiles for v in t.values()]
+    if all(shape == () for shape in shapes):
+        return list(tiles)
+    try:
+        shape = np.broadcast_shapes(*shapes)
+    except ValueError:
+        raise InvalidInput(f"tile arrays must all have one length (or be scalars), got shapes {sorted(set(shapes))}") from None
+    if len(shape) != 1:
+        raise InvalidInput(f"tile arrays must be one-dimensional, got shape {shape}")
+    return [{x: np.broadcast_to(v, shape) for x, v in t.items()} for t in tiles]
+
+
 def data_volume(workload: Workload, orders: costmodel.Orders, tiles: costmodel.Tiles,
                 hardware: Hardware | None = None) -> list[np.ndarray]:
-    """DV_l in bytes for every level, innermost first (models.costmodel.data_volume, checked)."""
+    """DV_l in bytes for every level, innermost first (models.costmodel.data_volume, checked);
+    a tile may be a 1-D array of candidates, costed at once."""
     check_workload(workload)
     check_hardware(hardware, optional=True)
     check_plan(workload, orders, tiles, None if hardware is None else len(hardware.levels))
-    return costmodel.data_volume(workload, orders, tiles, hardware=hardware)
+    return costmodel.data_volume(workload, orders, _candidates(tiles), hardware=hardware)
 
 
 def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
     """MU of one level in bytes (models.costmodel.memory_usage, checked)."""
     check_workload(workload)
     costmodel.check_tiles(workload, [tile])
-    return costmodel.memory_usage(workload, tile)
+    return costmodel.memory_usage(workload, _candidates([tile])[0])

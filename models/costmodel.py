@@ -355,18 +355,20 @@ def check_tiles(workload: Workload, tiles: Tiles) -> None:
     (or integer arrays) with 1 <= tile_l <= tile_(l+1) <= extent."""
     if isinstance(tiles, Mapping) or not isinstance(tiles, Sequence):
         raise InvalidInput(f"tiles must be a list with one {{loop: tile}} mapping per level, got {type(tiles).__name__}")
-    for level, tile in enumerate(tiles):
+    for level, tile in enumerate(tiles):  # every value an integer first: each is compared with the one above
         if not isinstance(tile, Mapping):
             raise InvalidInput(f"level {level} tile must be a {{loop: tile}} mapping, got {type(tile).__name__}")
         unknown = [x for x in tile if x not in workload.dims]
         if unknown:
             raise InvalidInput(f"level {level} tile names unknown loop(s) {unknown}; the loops are {list(workload.dims)}")
-        for x, extent in workload.dims.items():
+        for x in workload.dims:
             if x not in tile:
                 raise InvalidInput(f"level {level} tile has no entry for loop {x!r}")
-            t = np.asarray(tile[x])
-            if t.dtype.kind not in "iu":
+            if np.asarray(tile[x]).dtype.kind not in "iu":
                 raise InvalidInput(f"level {level} tile of {x!r} is {tile[x]!r}; tiles must be integers")
+    for level, tile in enumerate(tiles):
+        for x, extent in workload.dims.items():
+            t = np.asarray(tile[x])
             parent = np.asarray(tiles[level + 1][x]) if level + 1 < len(tiles) else extent
             if t.size == 0 or not np.all((1 <= t) & (t <= parent)):
                 shown = tile[x] if t.ndim == 0 else "an array"

@@ -21,6 +21,14 @@ CASES = [
     (lambda: memory_usage(W, {"m": 4.5, "n": 2, "k": 8}), "level 0 tile of 'm' is 4.5; tiles must be integers"),
     (lambda: memory_usage(W, {"m": np.array([1, 0]), "n": 2, "k": 8}), "level 0 tile of 'm' is an array; it must be"),
     (lambda: data_volume(W, [["m", "n"]], [{"m": 4, "n": 2, "k": 8}]), "order ['m', 'n'] must list each loop"),
+    # Found by tests/test_properties.py: an odd value at an outer level, arrays that do not broadcast.
+    (lambda: data_volume(W, ORDER * 2, [{"m": 4, "n": 2, "k": 8}, {"m": None, "n": 8, "k": 8}]),
+     "level 1 tile of 'm' is None; tiles must be integers"),
+    (lambda: data_volume(W, ORDER * 2, [{"m": 4, "n": 2, "k": 8}, {"m": "8", "n": 8, "k": 8}]),
+     "level 1 tile of 'm' is '8'; tiles must be integers"),
+    (lambda: data_volume(W, ORDER, [{"m": np.array([1, 2]), "n": np.array([1, 2, 4]), "k": 8}]),
+     "tile arrays must all have one length (or be scalars), got shapes [(), (2,), (3,)]"),
+    (lambda: memory_usage(W, {"m": np.ones((2, 2), dtype=int), "n": 2, "k": 8}), "tile arrays must be one-dimensional"),
     (lambda: data_volume(W, "mnk", [{"m": 4, "n": 2, "k": 8}]), "orders must be a list with one order per level"),
     (lambda: data_volume(W, ORDER, {"m": 4, "n": 2, "k": 8}), "tiles must be a list with one {loop: tile} mapping"),
     (lambda: data_volume(W, ORDER * 2, [{"m": 4, "n": 2, "k": 8}]), "a plan needs one order and one tile per level (1)"),
@@ -63,3 +71,7 @@ def test_good_arguments_still_cost_arrays_of_tiles():
     mu = memory_usage(W, {"m": np.array([1, 2, 4]), "n": 2, "k": 8})
     assert mu.tolist() == [(8 + 16 + 2) * 4, (16 + 16 + 4) * 4, (32 + 16 + 8) * 4]
     assert data_volume(W, ORDER, [{"m": 4, "n": 2, "k": 8}]) == [1024.0]  # the README's worked example
+    # Arrays at any level cost each candidate as its own plan.
+    both = data_volume(W, ORDER * 2, [{"m": np.array([2, 4]), "n": 2, "k": 8}, {"m": 8, "n": np.array([4, 8]), "k": 8}])
+    one = [data_volume(W, ORDER * 2, [{"m": m, "n": 2, "k": 8}, {"m": 8, "n": n, "k": 8}]) for m, n in [(2, 4), (4, 8)]]
+    assert [list(level) for level in both] == [[float(o[j]) for o in one] for j in range(2)]
