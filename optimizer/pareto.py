@@ -68,8 +68,9 @@ def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
 def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
     """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
 
-    The smallest tiling's MU is the level's usage as tune's feasibility check counts it
-    (Space.level_footprint: on SIMD registers and GPU levels the target's own usage).
+    The smallest tiling is the one tune's feasibility check uses at this level
+    (Space.level_footprint: on SIMD registers and GPU levels the target's own usage); the
+    sweep starts at the smallest capacity whose usable share (the target's) holds it.
 
     The most is the MU of the whole problem, or the next level out's capacity
     if smaller (inner tiles never exceed outer ones). The level's own capacity
@@ -81,7 +82,7 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
         raise InvalidInput(f"a sweep needs an integer number of points >= 2, got {points!r}")
     i = level_index(hardware, level)
     space = Space(workload, hardware, stages=hardware.target.default_stages)
-    lo = space.level_footprint(i)
+    lo = hardware.target.capacity_for(hardware.levels[i], space.level_footprint(i))
     hi = float(space.usage(i, workload.dims))
     if i + 1 < len(hardware.levels):
         hi = min(hi, hardware.levels[i + 1].capacity_bytes)

@@ -165,7 +165,7 @@ class Space:
         self.loops = list(w.dims)
         self.candidates = {x: tile_candidates(e, self.fine and self.target.fine_candidates) for x, e in w.dims.items()}
         self.orders = order_classes(w, leading=self.target.leading_loops(w))
-        self.compute_seconds = float(self.objective.compute(w.flops / hw.peak_flops))
+        self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
         # Every level loads each input and output at least once.
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
         self.lanes = self.target.lanes(w)
