@@ -66,15 +66,18 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.compute_at(blocks[op.name], nests.get(consumer, shared_top[-1]), preserve_unit_loops=True)
         _tile(sch, blocks[op.name], workload, orders, op, tiles, padded, nests)
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
-    _parallelize(sch, workload, plan, hardware, nests)
+    parallel = _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
-    parallel_at = parallel_positions(workload, orders, tiles, hardware.cores) if double_buffer else None
+    parallel_at = parallel if double_buffer else None
+    # Root copies are split over the cores only when the kernel itself runs in parallel: a kernel
+    # too small to split pays no parallel region per copy either (models/kernel_costs.py).
+    copy_cores = hardware.cores if parallel else 1
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
         _micro_kernel(sch, nests, op, micro_order(workload, op), lanes)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, hardware.cores, parallel_at, pipelined)
+                         nests, padded, lanes, copy_cores, parallel_at, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
@@ -99,12 +102,15 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
     sch.reorder(*[nests.loops[(op.name, p)] for p in owned + [(x, -1) for x in micro_order(workload, op)]])
 
 
-def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
-    """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores."""
+def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> dict:
+    """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores;
+    return them (caches.parallel_positions)."""
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
     ops = {op.name: op for op in workload.ops}
-    for name, position in parallel_positions(workload, orders, tiles, hardware.cores).items():
+    found = parallel_positions(workload, orders, tiles, hardware.cores)
+    for name, position in found.items():
         sch.parallel(nests.get(ops[name], position))
+    return found
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None) -> None:
