@@ -16,7 +16,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from ..models.checked import check_hardware, check_workload
-from ..models.errors import Infeasible, InvalidInput
+from ..models.errors import Infeasible, InvalidInput, NoPlanInTime
 from ..models.hardware import Hardware
 from ..models.objective import dv_objective
 from ..models.plan import Plan, Status
@@ -118,8 +118,9 @@ def pareto(
     status the point reports (`optimal` means DV_l is the proven minimum).
     A capacity given in `capacities` that no plan fits raises InfeasibleError; the
     default sweep leaves such capacities out (on GPUs a block needs whole warps of
-    threads, so the smallest footprint alone may not launch) and raises only when
-    none fits.
+    threads, so the smallest footprint alone may not launch), and those where the
+    solver found no plan in time (the tightest capacities search longest), and
+    raises only when no capacity gave a plan.
     `progress(fraction, message)` is called before each solve and at the end.
     """
     check_workload(workload)
@@ -137,7 +138,7 @@ def pareto(
         real = with_capacity(hardware, i, cap)
         try:
             result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
-        except Infeasible:
+        except (Infeasible, NoPlanInTime):
             if capacities is not None or (n == len(caps) - 1 and not swept):
                 raise
             continue

@@ -148,3 +148,31 @@ def test_progress_bar_draws_fraction_and_message():
     with progress_bar("pareto", file=quiet) as bar:
         bar(0.5, "x")
     assert quiet.getvalue() == ""
+
+
+def test_a_swept_capacity_without_a_plan_in_time_is_left_out(monkeypatch):
+    """The default sweep skips a capacity whose solve timed out (the tightest search longest);
+    a capacity the caller asked for raises, and so does a sweep where every solve timed out."""
+    import cachetile.optimizer.pareto as module
+    from cachetile.models.errors import NoPlanInTime
+
+    w = builtin("gemm", {"m": 6, "n": 5, "k": 7})
+    hw = memory_bound([("L1", 10**6, 1e9)])
+    caps = capacity_sweep(w, hw, "L1", points=4)
+    real_tune = module.tune
+
+    def tune_timing_out_at(smallest):
+        def tune(workload, hardware, *args, **kwargs):
+            if hardware.levels[0].capacity_bytes <= smallest:
+                raise NoPlanInTime("solver 'auto' found no feasible plan within 1 s (timeout)")
+            return real_tune(workload, hardware, *args, **kwargs)
+        return tune
+
+    monkeypatch.setattr(module, "tune", tune_timing_out_at(caps[0]))
+    front = pareto(w, hw, "L1", points=4, time_limit=5)
+    assert [p.capacity_bytes for p in front.points] == caps[1:]
+    with pytest.raises(NoPlanInTime, match="within 1 s"):
+        pareto(w, hw, "L1", capacities=caps[:2], time_limit=5)
+    monkeypatch.setattr(module, "tune", tune_timing_out_at(caps[-1]))
+    with pytest.raises(NoPlanInTime, match="within 1 s"):
+        pareto(w, hw, "L1", points=4, time_limit=5)
