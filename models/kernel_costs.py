@@ -83,7 +83,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         positions = walk(workload, orders, op)
         tdims = workload.tensors[site.tensor].dims
         if site.key is None:
-            fills, block, shared = 1.0, _prod(padded[x] for x in tdims), cores
+            # a root copy is split over the cores when the kernel runs in parallel (llvm_emit)
+            fills, block, shared = 1.0, _prod(padded[x] for x in tdims), cores if parallel else 1
         else:
             above = positions[: positions.index(site.key) + 1]
             fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(eff[site.level][x] for x in tdims)

@@ -7,6 +7,7 @@ object has, so `tune --json` output can be fed back in.
 from __future__ import annotations
 
 import math
+import numbers
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -15,7 +16,7 @@ from typing import Literal, Mapping
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InvalidInput
+from .errors import InvalidInput, one_line_errors
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
@@ -27,7 +28,7 @@ MAX_EXTENT = 2**31 - 1
 
 class Tensor(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dims: list[str] = Field(description="loops indexing each dimension, outermost (row-major) first")
+    dims: list[str] = Field(min_length=1, description="loops indexing each dimension, outermost (row-major) first")
     role: Role | None = Field(None, description="derived from the ops when omitted")
 
 
@@ -49,6 +50,16 @@ class Workload(BaseModel):
     tensors: dict[str, Tensor]
     ops: list[Op] = Field(min_length=1)
     signature: list[str] | None = Field(None, description="kernel argument order; derived when omitted")
+
+    @field_validator("dims", mode="before")
+    @classmethod
+    def _extents_are_integers(cls, dims):
+        # Strict everywhere (files, the service, Python): "32" or true is not an extent.
+        if isinstance(dims, dict):
+            for loop, extent in dims.items():
+                if isinstance(extent, bool) or not isinstance(extent, numbers.Integral):
+                    raise ValueError(f"loop {loop!r} has extent {extent!r}; extents must be integers")
+        return dims
 
     @field_validator("dims")
     @classmethod
@@ -210,6 +221,8 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload
     loop indexing every tensor, and a loop with a default may be left out."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise InvalidInput(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    if not isinstance(dims, Mapping):
+        raise InvalidInput(f"dims must map loop names to extents, got {type(dims).__name__}")
     spec = KINDS.get(kind)
     if spec is None:
         raise InvalidInput(f"unknown workload kind {kind!r}; expected {', '.join(KINDS)}")
@@ -223,13 +236,14 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload
     extra = [x for x in dims if x not in [*spec.loops, *batch]]
     if extra:
         raise InvalidInput(f"{kind} has no loop(s) {extra}")
-    return Workload(
-        kind=spec.batched_name if batch and spec.batched_name else kind,
-        dims={x: dims[x] for x in batch + list(spec.loops)},
-        dtype=dtype,
-        tensors={t: {"dims": batch + list(d)} for t, d in spec.tensors.items()},
-        ops=[{"name": n, "loops": batch + list(loops), "inputs": list(ins), "output": out} for n, loops, ins, out in spec.ops],
-    )
+    with one_line_errors():
+        return Workload(
+            kind=spec.batched_name if batch and spec.batched_name else kind,
+            dims={x: dims[x] for x in batch + list(spec.loops)},
+            dtype=dtype,
+            tensors={t: {"dims": batch + list(d)} for t, d in spec.tensors.items()},
+            ops=[{"name": n, "loops": batch + list(loops), "inputs": list(ins), "output": out} for n, loops, ins, out in spec.ops],
+        )
 
 
 def workload_from_dict(data: dict) -> Workload:
@@ -245,4 +259,5 @@ def workload_from_dict(data: dict) -> Workload:
         if not isinstance(data.get("dims"), dict):
             raise InvalidInput("a workload needs 'dims', an object of loop extents")
         return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"))
-    return Workload.model_validate(data)
+    with one_line_errors():
+        return Workload.model_validate(data, strict=True)  # as the service: "32" is not an extent
