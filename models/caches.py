@@ -50,6 +50,7 @@ class CacheRecord(BaseModel):
     )
 
 
+WINDOW = "row-major window of the level-1 block (affine index)"
 Position = tuple[str, int]  # (loop, level); level -1 marks the register tile's point loops
 
 
@@ -172,7 +173,7 @@ class CacheSite:
     level: int
     key: Position | None
     skipped: bool
-    layout: Layout
+    layout: Layout | None  # None: an affine input's window, stored row-major as TensorIR lays it out
 
 
 def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
@@ -186,6 +187,13 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
             tensor = workload.tensors[name]
             if tensor.role == "intermediate":
                 continue  # the producer's own buffer: already the block the model counts
+            if not tensor.plain:
+                # Windows of neighbouring blocks overlap, so no tiled layout holds them all:
+                # each level-1 window is copied compactly where it changes.
+                if n > 1:
+                    sites.append(CacheSite(op.name, name, 1, key_slice(positions, tensor.loops, tiles, padded, 1),
+                                           False, None))
+                continue
             tdims = tensor.dims
             layout = Layout(
                 dims=list(tdims),
@@ -225,7 +233,7 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
     """Records for the input cache `sites` plus each output's register tile (tiles effective)."""
     records = [
         CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
-                    layout=s.layout.name(), double_buffer=double_buffer and not s.skipped and s.key is not None,
+                    layout=s.layout.name() if s.layout else WINDOW, double_buffer=double_buffer and not s.skipped and s.key is not None,
                     skipped_thrifty=s.skipped)
         for s in sites
     ]
@@ -268,14 +276,14 @@ def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles,
         positions = walk(workload, orders, op)
         for name in op.inputs:
             tensor = workload.tensors[name]
-            block = [tiles[1][x] for x in tensor.dims]
+            block = [int(ix.span(tiles[1])) for ix in tensor.index]
             elems = int(workload.block(name, tiles[1]))
             if tensor.role == "intermediate":
                 records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop="producer", stages=1,
                                            layout="row-major block, written by the producer's threads",
                                            double_buffer=False, skipped_thrifty=False))
                 continue
-            key = key_slice(positions, tensor.dims, tiles, padded, 1)
+            key = key_slice(positions, tensor.loops, tiles, padded, 1)
             records.append(CacheRecord(
                 tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
                 layout="row-major block " + "x".join(map(str, block)), double_buffer=stages > 1 and key is not None,

@@ -6,6 +6,7 @@ object has, so `tune --json` output can be fed back in.
 """
 from __future__ import annotations
 
+import functools
 import math
 import string
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput
+from .indexing import Index, IndexSyntaxError, distinct, parse_index
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
@@ -26,8 +28,30 @@ MAX_EXTENT = 2**31 - 1
 
 class Tensor(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dims: list[str] = Field(description="loops indexing each dimension, outermost (row-major) first")
+    dims: list[str] = Field(description="the index of each dimension, outermost (row-major) first: a loop, or "
+                            "(inputs only) an affine sum such as '2*oh+kh-1' (see models/indexing.py)")
     role: Role | None = Field(None, description="derived from the ops when omitted")
+    shape: list[int] | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="inputs only: the stored array's extents, when an affine index reaches outside it "
+                    "(a convolution's padding: those elements read zero); default: up to the largest index")
+
+    # Parsed views, cached: the cost model asks for them in its inner loops (dims are not
+    # changed after validation).
+    @functools.cached_property
+    def index(self) -> list[Index]:
+        """Each dimension's parsed index."""
+        return [parse_index(d) for d in self.dims]
+
+    @functools.cached_property
+    def loops(self) -> list[str]:
+        """The loops indexing the tensor, in dims order."""
+        return [x for ix in self.index for x in ix.loops]
+
+    @functools.cached_property
+    def plain(self) -> bool:
+        """Every dimension is one loop: the tensor is a block of its loops' iteration space."""
+        return all(ix.plain for ix in self.index)
 
 
 class Op(BaseModel):
@@ -64,10 +88,15 @@ class Workload(BaseModel):
     @model_validator(mode="after")
     def _check_and_derive(self) -> Workload:
         for name, t in self.tensors.items():
-            unknown = [d for d in t.dims if d not in self.dims]
+            for i, d in enumerate(t.dims):
+                try:
+                    parse_index(d)
+                except IndexSyntaxError as exc:
+                    raise ValueError(f"tensor {name!r} dim {i}: {exc}") from None
+            unknown = [d for d in t.loops if d not in self.dims]
             if unknown:
                 raise ValueError(f"tensor {name!r} is indexed by unknown loop(s) {unknown}")
-            if len(set(t.dims)) != len(t.dims):
+            if len(set(t.loops)) != len(t.loops):
                 raise ValueError(f"tensor {name!r} repeats a loop in its dims {t.dims}")
         outputs = [op.output for op in self.ops]
         if len(set(outputs)) != len(outputs):
@@ -82,7 +111,7 @@ class Workload(BaseModel):
             for t in [*op.inputs, op.output]:
                 if t not in self.tensors:
                     raise ValueError(f"op {op.name!r} names unknown tensor {t!r}")
-                stray = [d for d in self.tensors[t].dims if d not in op.loops]
+                stray = [d for d in self.tensors[t].loops if d not in op.loops]
                 if stray:
                     raise ValueError(f"tensor {t!r} in op {op.name!r} is indexed by loop(s) {stray} the op does not run")
             if op.output in op.inputs:
@@ -103,6 +132,7 @@ class Workload(BaseModel):
             if t.role is not None and t.role != role:
                 raise ValueError(f"tensor {name!r} is declared {t.role!r} but the ops make it {role!r}")
             t.role = role
+            self._check_index(name, t)
         io = [n for n, t in self.tensors.items() if t.role != "intermediate"]
         if self.signature is None:
             first_use = [t for op in self.ops for t in op.inputs if self.tensors[t].role == "input"]
@@ -111,6 +141,30 @@ class Workload(BaseModel):
         elif sorted(self.signature) != sorted(io):
             raise ValueError(f"signature must list each input and output tensor once: {sorted(io)}")
         return self
+
+    def _check_index(self, name: str, t: Tensor) -> None:
+        """Affine indices and stored shapes belong to inputs; a stored shape fits the index."""
+        if t.role != "input":
+            bad = [d for d, ix in zip(t.dims, t.index) if not ix.plain]
+            if bad:
+                raise ValueError(f"tensor {name!r} is written by an op, so each dim must be one loop; got {bad[0]!r}")
+            if t.shape is not None:
+                raise ValueError(f"tensor {name!r}: only inputs take a stored shape")
+            return
+        if t.shape is None:
+            low = [ix.offset + ix.extent(self.dims) for ix in t.index]
+            if min(low) < 1:
+                d = low.index(min(low))
+                raise ValueError(f"tensor {name!r} dim {d} {t.dims[d]!r} never reaches index 0; give its shape")
+            return
+        if len(t.shape) != len(t.dims):
+            raise ValueError(f"tensor {name!r} has {len(t.dims)} dims but a shape of {len(t.shape)}")
+        for d, (ix, s) in enumerate(zip(t.index, t.shape)):
+            if s < 1:
+                raise ValueError(f"tensor {name!r} dim {d} has stored extent {s}; extents must be >= 1")
+            if ix.plain and s != self.dims[ix.loops[0]]:
+                raise ValueError(f"tensor {name!r} dim {d} is loop {ix.loops[0]!r} of extent "
+                                 f"{self.dims[ix.loops[0]]}, but its shape says {s}")
 
     # Derived views used throughout the cost model and optimizer.
     @property
@@ -138,27 +192,49 @@ class Workload(BaseModel):
             points *= self.dims[x]
         return 2.0 * points
 
+    def index(self, name: str) -> list[Index]:
+        """The tensor's parsed index per dimension."""
+        return self.tensors[name].index
+
+    def extents(self, name: str) -> list[int]:
+        """Per dimension, the positions between its smallest and largest index: the loop's
+        extent for a plain dim, sum c (E - 1) + 1 for an affine one (the zero-padded input)."""
+        return [ix.extent(self.dims) for ix in self.index(name)]
+
     def shape(self, name: str) -> list[int]:
-        """The tensor's array shape: its loops' extents, in its dims order."""
-        return [self.dims[x] for x in self.tensors[name].dims]
+        """The tensor's stored array shape (the kernel argument): its loops' extents, in its dims
+        order; an affine dim's declared extent, else its largest index plus one."""
+        t = self.tensors[name]
+        if t.shape is not None:
+            return list(t.shape)
+        return [ix.offset + ix.extent(self.dims) for ix in t.index]
 
     def size(self, name: str) -> float:
-        """Elements of the whole tensor."""
-        return float(math.prod(self.shape(name)))
+        """Elements the ops touch (each once): the whole tensor, for plain dims."""
+        if self.tensors[name].plain:
+            return float(math.prod(self.shape(name)))
+        return float(math.prod(float(distinct(ix.coefficients, [self.dims[x] for x in ix.loops]))
+                               for ix in self.index(name)))
 
     def block(self, name: str, tile: Mapping[str, np.ndarray | int], within=None) -> np.ndarray | float:
         """Elements of the tensor's block under `tile` (loop -> extent, arrays allowed): the
-        product of its loops' tiles, over only the loops in `within` when given."""
+        product of its loops' tiles, over only the loops in `within` when given. An affine
+        dim holds the window its loops span, sum c (T - 1) + 1."""
         block = 1.0
-        for x in self.tensors[name].dims:
-            if within is None or x in within:
-                block = block * np.asarray(tile[x], dtype=np.float64)
+        for ix in self.index(name):
+            if ix.plain:
+                x = ix.loops[0]
+                if within is None or x in within:
+                    block = block * np.asarray(tile[x], dtype=np.float64)
+            else:
+                block = block * ix.span(tile, within)
         return block
 
     def einsum(self, op: Op) -> str:
-        """The op as an einsum spec over letters, e.g. 'ab,bc->ac' (inputs, then output)."""
+        """The op as an einsum spec over letters, e.g. 'ab,bc->ac' (inputs, then output); an
+        affine input is spelled by its loops (a view with one axis per loop: measurement.py)."""
         letters = dict(zip(op.loops, string.ascii_letters))
-        spell = lambda t: "".join(letters[x] for x in self.tensors[t].dims)  # noqa: E731
+        spell = lambda t: "".join(letters[x] for x in self.tensors[t].loops)  # noqa: E731
         return ",".join(spell(t) for t in op.inputs) + "->" + spell(op.output)
 
     def io_tensors(self, op: Op) -> list[str]:

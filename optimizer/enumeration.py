@@ -259,7 +259,8 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         search = _Search(sp, limit, best, *seeds)
         try:
             search.run()
-            status = "optimal" if sp is space and not seeds else "feasible"  # optimal: exhaustive over the space
+            # optimal: exhaustive over the space
+            status = "optimal" if sp is space and not seeds and space.exhaustive_orders else "feasible"
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated
