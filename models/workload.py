@@ -10,11 +10,13 @@ import functools
 import math
 import string
 from dataclasses import dataclass, field
-from typing import Literal, Mapping
+from typing import Callable, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from . import conv
+from .einsum import workload_from_equations
 from .errors import InvalidInput
 from .indexing import Index, IndexSyntaxError, distinct, parse_index
 
@@ -253,42 +255,68 @@ class Workload(BaseModel):
                 if level < local_level or self.tensors[t].role != "intermediate"]
 
 @dataclass(frozen=True)
+class Param:
+    """A kind's option beside its sizes (a conv's stride): flag --NAME, field NAME of the short form."""
+
+    name: str
+    default: int | str | None
+    help: str
+    choices: tuple[str, ...] | None = None  # text options; otherwise an integer >= minimum
+    minimum: int = 1
+
+
+@dataclass(frozen=True)
 class Kind:
     """A built-in workload kind. The CLI's subcommands and flags, the service's short forms
-    and their schema are all generated from KINDS, so a new kind is one entry here."""
+    and their schema are all generated from KINDS, so a new kind is one entry here.
+
+    A kind is a preset of equations (models/einsum.py) over its sizes, or, when its loops
+    are derived from its sizes (a conv's output height), a `build` function that writes them."""
 
     name: str
     summary: str  # the kind's equations, shown as CLI help and schema description
-    loops: tuple[str, ...]  # the extents it takes (the batch loop b aside), in dims order
-    tensors: dict[str, tuple[str, ...]]  # name -> loops indexing it (b is prepended when batched)
-    ops: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...]  # (name, loops, inputs, output)
-    batch: Literal["optional", "required"] = "optional"  # a batch loop b indexing every tensor
-    defaults: dict[str, str] = field(default_factory=dict)  # loop -> loop whose extent it takes when omitted
+    loops: tuple[str, ...]  # the sizes it takes (flag --X each; the batch loop b aside)
+    equations: tuple[str, ...] = ()  # "op: OUT[..] = IN[..]*IN[..]"; b is prepended to every index when batched
+    batch: Literal["optional", "required", "none"] = "optional"  # a batch loop b indexing every tensor
+    defaults: dict[str, str] = field(default_factory=dict)  # size -> size whose value it takes when omitted
     batched_name: str | None = None  # the kind reported when a batch is given
+    params: tuple[Param, ...] = ()
+    # sizes, **params -> (equations, loop extents, stored input shapes)
+    build: Callable[..., tuple[list[str], dict[str, int], dict[str, list[int]]]] | None = None
 
 
-_GEMM = dict(loops=("m", "n", "k"), tensors={"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")},
-             ops=(("gemm", ("m", "n", "k"), ("A", "B"), "C"),))
+_GEMM = dict(loops=("m", "n", "k"), equations=("gemm: C[m,n] = A[m,k]*B[k,n]",))
+_CONV_PARAMS = (
+    Param("stride", 1, "stride of the window (both axes)"),
+    Param("pad", 0, "zeros added on each side of the input (both axes)", minimum=0),
+    Param("dilation", 1, "spacing of the window's taps (both axes)"),
+    Param("layout", "nchw", "array layout (weights K,C/G,R,S or R,S,C/G,K)", choices=conv.LAYOUTS),
+    Param("groups", 1, "channel groups (C: depthwise)"),
+    Param("pointwise", None, "fuse a 1x1 conv from the K output channels to this many"),
+)
 KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("gemm", "C[m,n] = A[m,k] B[k,n]", batched_name="batch-gemm", **_GEMM),
     Kind("batch-gemm", "C[b,m,n] = A[b,m,k] B[b,k,n]", batch="required", **_GEMM),
     Kind("gemm-chain", "C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]",
          loops=("m", "l", "k", "n"),
-         tensors={"A": ("m", "k"), "B": ("k", "l"), "C": ("m", "l"), "D": ("l", "n"), "E": ("m", "n")},
-         ops=(("gemm1", ("m", "l", "k"), ("A", "B"), "C"), ("gemm2", ("m", "l", "n"), ("C", "D"), "E")),
+         equations=("gemm1: C[m,l] = A[m,k]*B[k,l]", "gemm2: E[m,n] = C[m,l]*D[l,n]"),
          defaults={"n": "m", "k": "m", "l": "m"}),
+    Kind("conv2d", "O[n,k,oh,ow] = I[n,c,S*oh+D*kh-P,S*ow+D*kw-P] W[k,c,kh,kw] (optionally then a 1x1 conv)",
+         loops=("n", "c", "h", "w", "k", "r", "s"), batch="none", defaults={"k": "c"}, params=_CONV_PARAMS,
+         build=conv.conv2d),
 ]}
 
 
-def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
-    """Build a kind of KINDS (gemm, batch-gemm, gemm-chain); a `b` entry in dims adds a batch
-    loop indexing every tensor, and a loop with a default may be left out."""
+def builtin(kind: str, dims: dict[str, int], dtype: str = "float32", params: dict | None = None) -> Workload:
+    """Build a kind of KINDS (gemm, batch-gemm, gemm-chain, conv2d) from its sizes and options;
+    a `b` entry in dims adds a batch loop indexing every tensor, and a size with a default may
+    be left out."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise InvalidInput(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
     spec = KINDS.get(kind)
     if spec is None:
         raise InvalidInput(f"unknown workload kind {kind!r}; expected {', '.join(KINDS)}")
-    batch = ["b"] if "b" in dims else []
+    batch = ["b"] if "b" in dims and spec.batch != "none" else []
     if spec.batch == "required" and not batch:
         raise InvalidInput(f"{kind} needs a batch extent b")
     dims = {**{x: dims[d] for x, d in spec.defaults.items() if x not in dims and d in dims}, **dims}
@@ -298,26 +326,45 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload
     extra = [x for x in dims if x not in [*spec.loops, *batch]]
     if extra:
         raise InvalidInput(f"{kind} has no loop(s) {extra}")
-    return Workload(
-        kind=spec.batched_name if batch and spec.batched_name else kind,
-        dims={x: dims[x] for x in batch + list(spec.loops)},
-        dtype=dtype,
-        tensors={t: {"dims": batch + list(d)} for t, d in spec.tensors.items()},
-        ops=[{"name": n, "loops": batch + list(loops), "inputs": list(ins), "output": out} for n, loops, ins, out in spec.ops],
-    )
+    params = dict(params or {})
+    unknown = [p for p in params if p not in {q.name for q in spec.params}]
+    if unknown:
+        raise InvalidInput(f"{kind} has no option(s) {unknown}")
+    name = spec.batched_name if batch and spec.batched_name else kind
+    if spec.build is not None:
+        options = {p.name: params.get(p.name, p.default) for p in spec.params}
+        equations, extents, shapes = spec.build({x: dims[x] for x in spec.loops}, **options)
+        return workload_from_equations(equations, extents, dtype, shapes, kind=name)
+    equations = [_batched(e) for e in spec.equations] if batch else list(spec.equations)
+    return workload_from_equations(equations, {x: dims[x] for x in batch + list(spec.loops)}, dtype, kind=name)
+
+
+def _batched(equation: str) -> str:
+    """Every tensor of the equation indexed by the batch loop b first."""
+    return equation.replace("[", "[b,")
 
 
 def workload_from_dict(data: dict) -> Workload:
-    """A full workload object, the short form {"kind", "dims", "dtype"} of a built-in, or a `tune --json` document."""
+    """A full workload object, the short form {"kind", "dims", "dtype", options} of a built-in,
+    the equations form {"equations", "dims", "dtype", "shapes"}, or a `tune --json` document."""
     if not isinstance(data, dict):
         raise InvalidInput("a workload must be a JSON object")
     if "workload" in data and isinstance(data["workload"], dict):
         data = data["workload"]
+    if "equations" in data:
+        unknown = set(data) - {"kind", "equations", "dims", "dtype", "shapes"}
+        if unknown:
+            raise InvalidInput(f"unknown workload field(s) {sorted(unknown)}")
+        return workload_from_equations(data["equations"], data.get("dims"), data.get("dtype", "float32"),
+                                       data.get("shapes"), kind=str(data.get("kind", "einsum")))
     if "tensors" not in data and "ops" not in data:
-        unknown = set(data) - {"kind", "dims", "dtype"}
+        spec = KINDS.get(str(data.get("kind", "")))
+        options = {p.name for p in spec.params} if spec else set()
+        unknown = set(data) - {"kind", "dims", "dtype"} - options
         if unknown:
             raise InvalidInput(f"unknown workload field(s) {sorted(unknown)}")
         if not isinstance(data.get("dims"), dict):
             raise InvalidInput("a workload needs 'dims', an object of loop extents")
-        return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"))
+        return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"),
+                       {k: v for k, v in data.items() if k in options})
     return Workload.model_validate(data)
