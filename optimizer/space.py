@@ -93,15 +93,20 @@ def order_classes(workload: Workload, key=order_signature, leading: list[str] | 
     """One representative order per equivalence class, in a stable order, each starting with
     the `leading` loops (the target's: on GPUs the grid's loops, since blocks run side by side
     and every other loop runs serially inside a block)."""
-    shared = workload.shared_loops
-    private = [x for x in workload.dims if x not in shared]
     grid = leading or []
+    # A loop of extent 1 never runs more than once, so where it stands changes nothing: it
+    # closes its group instead of being permuted.
+    unit = [x for x in workload.dims if workload.dims[x] == 1 and x not in grid]
+    shared = [x for x in workload.shared_loops if x not in unit]
+    private = [x for x in workload.dims if x not in workload.shared_loops and x not in unit]
+    unit_shared = tuple(x for x in unit if x in workload.shared_loops)
+    unit_private = tuple(x for x in unit if x not in workload.shared_loops)
     seen: dict[tuple, tuple[str, ...]] = {}
     for head in itertools.permutations(shared):
         if grid and sorted(head[: len(grid)]) != sorted(grid):
             continue
         for tail in itertools.permutations(private):
-            order = head + tail
+            order = head + unit_shared + tail + unit_private
             seen.setdefault(key(workload, order), order)
     reps = list(seen.values())
     for order in reps:
