@@ -7,7 +7,8 @@ with OH = (H + 2P - D(R-1) - 1) // S + 1 (likewise OW). The input is read
 through its zero-padded copy (indices outside [0, H) read zero). Groups split
 the channels: each of G groups convolves C/G input channels into K/G outputs
 (loops g, c, k; a per-group loop of extent 1 is dropped, so depthwise, G = C =
-K, runs loops n, c, oh, ow, kh, kw). `pointwise=F` fuses a 1x1 conv from the
+K, runs loops n, c, oh, ow, kh, kw). A window of one tap (R or S = 1) has no
+kh or kw loop: a 1x1 conv with stride 1 is a GEMM over plain loops. `pointwise=F` fuses a 1x1 conv from the
 K channels to F after it (conv -> 1x1, or MobileNet's depthwise -> pointwise):
 the conv's output tile is exactly the 1x1 conv's input tile, so no halo is
 recomputed and the intermediate never reaches memory.
@@ -19,9 +20,10 @@ from .errors import InvalidInput
 LAYOUTS = ("nchw", "nhwc")
 
 
-def _affine(stride: int, dilation: int, pad: int, out: str, kern: str) -> str:
+def _affine(stride: int, dilation: int, pad: int, out: str, kern: str | None) -> str:
     term = lambda c, x: x if c == 1 else f"{c}*{x}"  # noqa: E731
-    return f"{term(stride, out)}+{term(dilation, kern)}" + (f"-{pad}" if pad else "")
+    window = f"+{term(dilation, kern)}" if kern else ""
+    return f"{term(stride, out)}{window}" + (f"-{pad}" if pad else "")
 
 
 def output_size(size: int, window: int, stride: int, pad: int, dilation: int) -> int:
@@ -57,14 +59,17 @@ def conv2d(sizes: dict[str, int], stride: int = 1, pad: int = 0, dilation: int =
         chans = {"g": g} | ({"c": cg} if cg > 1 else {}) | ({"k": kg} if kg > 1 else {})
         cin, cout = ["g"] + (["c"] if cg > 1 else []), ["g"] + (["k"] if kg > 1 else [])
     reduce_c = [x for x in cin if x not in cout]
-    ih, iw = _affine(stride, dilation, pad, "oh", "kh"), _affine(stride, dilation, pad, "ow", "kw")
-    dims = {"n": n, **chans, "oh": oh, "ow": ow, "kh": r, "kw": s}
+    # A window of one tap has no loop: a 1x1 conv with stride 1 is a GEMM over plain loops.
+    kh, kw = ("kh" if r > 1 else None), ("kw" if s > 1 else None)
+    ih, iw = _affine(stride, dilation, pad, "oh", kh), _affine(stride, dilation, pad, "ow", kw)
+    taps = [x for x in (kh, kw) if x]
+    dims = {"n": n, **chans, "oh": oh, "ow": ow, **({"kh": r} if kh else {}), **({"kw": s} if kw else {})}
     # Arrays as PyTorch (nchw: weights K, C/G, R, S) or TensorFlow (nhwc: weights R, S, C/G, K) store them.
     if layout == "nchw":
-        inp, out, wts = ["n", *cin, ih, iw], ["n", *cout, "oh", "ow"], [*cout, *reduce_c, "kh", "kw"]
+        inp, out, wts = ["n", *cin, ih, iw], ["n", *cout, "oh", "ow"], [*cout, *reduce_c, *taps]
         in_shape = [n, *[chans[x] for x in cin], h, w]
     else:
-        inp, out, wts = ["n", ih, iw, *cin], ["n", "oh", "ow", *cout], ["kh", "kw", *reduce_c, *cout]
+        inp, out, wts = ["n", ih, iw, *cin], ["n", "oh", "ow", *cout], [*taps, *reduce_c, *cout]
         in_shape = [n, h, w, *[chans[x] for x in cin]]
     ref = lambda name, ix: f"{name}[{','.join(ix)}]"  # noqa: E731
     conv_name = "depthwise" if cin == cout == ["c"] else "conv"

@@ -238,11 +238,11 @@ def test_planned_conv_kernels_match_a_sliding_window_reference(sizes, params):
     lib = build(w, HOST, result.plan).lib
     arrays = random_inputs(w)
     got = run_kernel(w, lib, arrays)["O"]
-    weights = arrays["W"]
-    if params.get("groups", 1) == sizes["c"] == sizes["k"]:  # depthwise weights: (c, r, s) or (r, s, c)
-        weights = weights[:, None] if params.get("layout") != "nhwc" else weights[:, :, None]
-    elif params.get("groups", 1) > 1:  # grouped weights: (g, k, c, r, s) = (K, C/G, R, S)
-        weights = weights.reshape(sizes["k"], sizes["c"] // params["groups"], sizes["r"], sizes["s"])
+    # Loops of extent 1 (a 1x1 window, one channel per group) are left out of the arrays' dims,
+    # not out of their memory: the weights are (K, C/G, R, S) or (R, S, C/G, K) arrays.
+    cg = sizes["c"] // params.get("groups", 1)
+    nhwc = params.get("layout") == "nhwc"
+    weights = arrays["W"].reshape((sizes["r"], sizes["s"], cg, sizes["k"]) if nhwc else (sizes["k"], cg, sizes["r"], sizes["s"]))
     x = arrays["I"].reshape(w.shape("I")[0], sizes["c"], sizes["h"], sizes["w"]) if params.get("layout") != "nhwc" \
         else arrays["I"]
     want = _conv_reference(x.astype(np.float64), weights.astype(np.float64), params.get("stride", 1), params.get("pad", 0),
