@@ -28,6 +28,7 @@ class _Timeout(Exception):
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
+GREEDY_ROWS = 2048  # rows per level the first dive of a many-loop search samples
 
 
 def _grid(space: Space) -> np.ndarray:
@@ -99,8 +100,19 @@ class _Search:
                 worst = np.maximum(worst, table[index])
         return worst
 
+    greedy = False  # in the first dive of a many-loop search: sampled rows, first child only
+
     def run(self) -> None:
         extents = np.array([self.space.workload.dims[x] for x in self.space.loops])
+        if not self.space.exhaustive_orders:
+            # A convolution's level has millions of (order, tile) children: one greedy dive
+            # through a sample of each level's rows first, so the search holds a plan before
+            # its first full level is costed.
+            self.greedy = True
+            try:
+                self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
+            finally:
+                self.greedy = False
         self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
 
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
@@ -115,6 +127,9 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         if len(rows) == 0:
             return
+        if self.greedy and len(rows) > GREEDY_ROWS:
+            rows = rows[np.linspace(0, len(rows) - 1, GREEDY_ROWS).astype(int)]
+            tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
         orders = sp.target.orders_at(level, sp.orders)
         secs = np.empty((len(orders), len(rows)))
@@ -172,6 +187,8 @@ class _Search:
         for flat in keep:
             if self.deadline.expired():
                 raise _Timeout
+            if self.greedy and self.best.items:
+                return
             cutoff = self.best.worst_primary()
             if bound.flat[flat] >= cutoff or sp.meets_lower_bound(cutoff):
                 return  # children are sorted by bound, and nothing beats the lower bound
