@@ -173,7 +173,7 @@ for p, m in zip(plans, measured):
 # %%
 convs = {stride: builtin("conv2d", {"n": 1, "c": 32, "h": 28, "w": 28, "k": 32, "r": 3, "s": 3},
                          params={"pad": 1, "stride": stride, "layout": "nhwc"}) for stride in (1, 2)}
-conv_fronts = {stride: pareto(w, cpu, "L1", points=6, time_limit=1) for stride, w in convs.items()}
+conv_fronts = {stride: pareto(w, cpu, "L1", points=5, time_limit=3) for stride, w in convs.items()}
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
 for stride, front in conv_fronts.items():
