@@ -28,7 +28,9 @@ class _Timeout(Exception):
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
-GREEDY_ROWS = 2048  # rows per level the first dive of a many-loop search samples
+GREEDY_SAMPLE = 32_768  # (order, tile) children per level the first dive of a large search costs
+GREEDY_MIN_ROWS = 64  # ... but at least this many tiles
+GREEDY_CHILDREN = 100_000  # (order, tile) children of the outermost level that make a search large
 
 
 def _grid(space: Space) -> np.ndarray:
@@ -104,7 +106,9 @@ class _Search:
 
     def run(self) -> None:
         extents = np.array([self.space.workload.dims[x] for x in self.space.loops])
-        if not self.space.exhaustive_orders:
+        top = self.space.n_levels - 1
+        children = len(self.space.target.orders_at(top, self.space.orders)) * len(self.rows[top])
+        if not self.space.exhaustive_orders or children > GREEDY_CHILDREN:
             # A convolution's level has millions of (order, tile) children: one greedy dive
             # through a sample of each level's rows first, so the search holds a plan before
             # its first full level is costed.
@@ -127,11 +131,12 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         if len(rows) == 0:
             return
-        if self.greedy and len(rows) > GREEDY_ROWS:
-            rows = rows[np.linspace(0, len(rows) - 1, GREEDY_ROWS).astype(int)]
+        orders = sp.target.orders_at(level, sp.orders)
+        sample = max(GREEDY_MIN_ROWS, GREEDY_SAMPLE // len(orders))
+        if self.greedy and len(rows) > sample:
+            rows = rows[np.linspace(0, len(rows) - 1, sample).astype(int)]
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
-        orders = sp.target.orders_at(level, sp.orders)
         secs = np.empty((len(orders), len(rows)))
         for o, order in enumerate(orders):
             for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
