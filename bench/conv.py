@@ -1,7 +1,7 @@
 """Convolution benchmark: planned TVM conv kernels against im2col + np.matmul, fused chains
 against their unfused pair, and MetaSchedule on one layer.
 
-    python bench/conv.py [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule]
+    python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule]
 
 One process. For each layer (ResNet-50 3x3 and 1x1 layers, stride-2 layers, a
 MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1): the plan
@@ -13,6 +13,8 @@ weights laid out as (R*S*C, K) beforehand (depthwise: one batched matmul per
 channel). numpy runs first: TVM's pool threads spin after a kernel and would
 slow OpenBLAS. For chains, `unfused` is the conv and the 1x1 conv planned and
 built as two kernels, timed back to back (the second reads the first's output).
+`--threads N` runs both OpenBLAS and TVM on N threads (default: every core),
+and plans for that many cores.
 """
 from __future__ import annotations
 
@@ -20,14 +22,17 @@ import argparse
 import contextlib
 import math
 import os
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+if "--threads" in sys.argv:  # before numpy loads: OpenBLAS reads it once
+    _threads = sys.argv[sys.argv.index("--threads") + 1]
+    os.environ.update(OPENBLAS_NUM_THREADS=_threads, OMP_NUM_THREADS=_threads, TVM_NUM_THREADS=_threads)
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -51,16 +56,6 @@ LAYERS = [
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def median_seconds(fn, repeat: int = 10) -> float:
-    fn()
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def im2col_conv(x, w, sizes, options):
@@ -138,13 +133,15 @@ def unfused_seconds(sizes, options, layout, hw, time_limit):
 
 
 def layer_rows(hw, layout, time_limit):
+    from cachetile.backends.llvm_measure import _median_seconds as median_seconds
+
     rng = np.random.default_rng(0)
     rows, ratios, fused = [], [], []
     for name, sizes, options in LAYERS:
         log(f"conv: {name}")
         w = workload(sizes, options, layout)
         time.sleep(0.2)
-        numpy_s = median_seconds(baseline(sizes, options, rng))
+        numpy_s = median_seconds(baseline(sizes, options, rng), 10)
         plan_s, built, kernel_s = planned(w, hw, time_limit)
         ratio = numpy_s / kernel_s
         ratios.append(ratio)
@@ -205,6 +202,7 @@ def main():
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--trials", type=int, nargs="+", default=[64])
     ap.add_argument("--skip-metaschedule", action="store_true")
+    ap.add_argument("--threads", type=int, help="OpenBLAS and TVM threads, and the cores plans assume (default: all)")
     args = ap.parse_args()
 
     from cachetile import hardware_from
@@ -212,6 +210,8 @@ def main():
     from cachetile.backends.llvm_measure import cpu_name
 
     hw = hardware_from(args.hardware)
+    if args.threads:
+        hw = hw.model_copy(update={"cores": args.threads, "peak_flops": hw.peak_flops * args.threads / hw.cores})
     use_all_cores(hw)
     print(f"# conv kernels on {hw.name}: {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})\n")
     print(layer_rows(hw, args.layout, args.time_limit) + "\n", flush=True)
