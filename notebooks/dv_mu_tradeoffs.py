@@ -166,14 +166,14 @@ for p, m in zip(plans, measured):
 # (2 Toh + 1) x (2 Tow + 1) at stride 2, so neighbouring blocks overlap by the
 # halo and every refill moves it again (README, "Equations and convolutions").
 # Small tiles pay for the halo many times; large tiles amortise it but need the
-# capacity. Below, the L1 fronts of a ResNet-like layer (32 -> 32 channels,
-# 28 x 28, 3 x 3, padding 1) at stride 1 and 2 on the same hierarchy, and for
+# capacity. Below, the L1 fronts of a small ResNet-like layer (16 -> 16
+# channels, 16 x 16, 3 x 3, padding 1) at stride 1 and 2 on the same hierarchy, and for
 # each front point the input's window against the output pixels it serves.
 
 # %%
-convs = {stride: builtin("conv2d", {"n": 1, "c": 32, "h": 28, "w": 28, "k": 32, "r": 3, "s": 3},
+convs = {stride: builtin("conv2d", {"n": 1, "c": 16, "h": 16, "w": 16, "k": 16, "r": 3, "s": 3},
                          params={"pad": 1, "stride": stride, "layout": "nhwc"}) for stride in (1, 2)}
-conv_fronts = {stride: pareto(w, cpu, "L1", points=5, time_limit=3) for stride, w in convs.items()}
+conv_fronts = {stride: pareto(w, cpu, "L1", points=4, time_limit=3) for stride, w in convs.items()}
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
 for stride, front in conv_fronts.items():
