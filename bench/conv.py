@@ -1,7 +1,7 @@
 """Convolution benchmark: planned TVM conv kernels against im2col + np.matmul, fused chains
 against their unfused pair, and MetaSchedule on one layer.
 
-    python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule]
+    python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule | --skip-layers]
 
 One process. For each layer (ResNet-50 3x3 and 1x1 layers, stride-2 layers, a
 MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1): the plan
@@ -202,6 +202,7 @@ def main():
     ap.add_argument("--time-limit", type=float, default=10.0)
     ap.add_argument("--trials", type=int, nargs="+", default=[64])
     ap.add_argument("--skip-metaschedule", action="store_true")
+    ap.add_argument("--skip-layers", action="store_true", help="only the MetaSchedule table")
     ap.add_argument("--threads", type=int, help="OpenBLAS and TVM threads, and the cores plans assume (default: all)")
     args = ap.parse_args()
 
@@ -214,7 +215,8 @@ def main():
         hw = hw.model_copy(update={"cores": args.threads, "peak_flops": hw.peak_flops * args.threads / hw.cores})
     use_all_cores(hw)
     print(f"# conv kernels on {hw.name}: {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})\n")
-    print(layer_rows(hw, args.layout, args.time_limit) + "\n", flush=True)
+    if not args.skip_layers:
+        print(layer_rows(hw, args.layout, args.time_limit) + "\n", flush=True)
     if not args.skip_metaschedule:
         print(metaschedule_rows(hw, args.layout, args.trials, args.time_limit), flush=True)
 
