@@ -31,7 +31,7 @@ from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
 from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
-from .report import format_hardware, format_measurement, format_pareto, format_table
+from .report import format_calibration, format_hardware, format_measurement, format_pareto, format_table
 from .request import PlanRequest, document
 
 
@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     hw = sub.add_parser("hardware", help="list presets, or show one")
     hw.add_argument("name", nargs="?")
     hw.add_argument("--json", action="store_true")
+    hw.add_argument("--calibrate", action="store_true",
+                    help="host only: measure this machine's peak, bandwidths and overheads (under a minute) and keep "
+                         "them as its profile, which the host preset uses from then on")
     pa = sub.add_parser("pareto", help="least DV for each capacity of a level: the DV/MU trade-off")
     _add_workloads(pa.add_subparsers(dest="kind", required=True, parser_class=_Parser), [solve, sweep])
     sv = sub.add_parser("serve", help="run the REST service")
@@ -179,6 +182,22 @@ def _pareto(args) -> list[ParetoFront]:
     return fronts
 
 
+def _calibrate(args) -> int:
+    """`tune hardware host --calibrate`: measure, save the profile, show it beside the assumptions."""
+    if args.name != "host":
+        raise UsageError(f"--calibrate measures this machine: use `tune hardware host --calibrate` (got {args.name!r})")
+    from ..backends.calibrate import calibrate_and_save  # TVM loads only here
+    from ..models.hardware import host
+
+    with progress_bar("calibrate") as bar:
+        profile, path = calibrate_and_save(bar)
+    if args.json:
+        print(profile.model_dump_json(indent=2))
+    else:
+        print(format_calibration(profile, host(calibrated=False), path))
+    return 0
+
+
 def run(argv: list[str]) -> int:
     """Parse, solve, print; returns the exit status."""
     args = build_parser().parse_args(argv)
@@ -193,6 +212,8 @@ def run(argv: list[str]) -> int:
             else:
                 print("presets: " + ", ".join(PRESETS) + "  (tune hardware NAME for details)")
             return 0
+        if args.calibrate:
+            return _calibrate(args)
         hw = hardware_from(args.name)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..models.hardware import Hardware
 from ..models.measurement import Measurement
+from ..models.profile import Profile
 from ..models.plan import TuneResult
 from ..optimizer.pareto import ParetoFront
 
@@ -61,12 +62,32 @@ def format_table(result: TuneResult) -> str:
 
 
 def format_hardware(hw: Hardware) -> str:
-    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')}"]
+    state = f"calibrated on {hw.calibrated}" if hw.calibrated else "assumed figures" if hw.kind == "cpu" else "published figures"
+    lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')} ({state})"]
     for lv in hw.levels:
         lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
+    if hw.parallel_region_seconds or hw.call_seconds:
+        lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
+
+
+def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
+    """What calibration measured, one core and all cores, beside the figures assumed without it."""
+    rows = [("figure", "assumed (all cores)", "measured, 1 core", f"measured, {profile.cores} cores")]
+    rows.append(("peak", _si(assumed.peak_flops, "FLOP/s"), _si(profile.peak_flops.one_core, "FLOP/s"),
+                 _si(profile.peak_flops.all_cores, "FLOP/s")))
+    for lv in assumed.levels:
+        fill = profile.fill_bandwidth.get(lv.name)
+        if fill:
+            rows.append((f"fill {lv.name}", _si(lv.bandwidth_bytes_per_s, "B/s"), _si(fill.one_core, "B/s"),
+                         _si(fill.all_cores, "B/s")))
+    for name, figure in profile.stream_bandwidth.items():
+        rows.append((f"stream from {name}", "-", _si(figure.one_core, "B/s"), _si(figure.all_cores, "B/s")))
+    rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
+    rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
+    return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])
 
 
 def _rows(rows: list[tuple[str, ...]]) -> list[str]:

@@ -21,11 +21,11 @@ from .llvm_emit import emit
 from .tensorir import primfunc
 
 
-def llvm_target(hardware: Hardware) -> dict:
+def llvm_target(cores: int) -> dict:
     """The LLVM target for this machine, as TVM's JSON form; CACHETILE_MCPU overrides the CPU
     (e.g. znver3 under valgrind, which has no AVX-512)."""
     mcpu = os.environ.get("CACHETILE_MCPU") or tvm.target.codegen.llvm_get_system_cpu()
-    return {"kind": "llvm", "mcpu": mcpu, "num-cores": hardware.cores}
+    return {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
 
 
 def use_all_cores(hardware: Hardware) -> None:
@@ -38,7 +38,7 @@ def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: boo
     use_all_cores(hardware)
     start = time.perf_counter()
     emitted = emit(workload, hardware, plan, double_buffer)
-    lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(llvm_target(hardware)))
+    lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(llvm_target(hardware.cores)))
     return Built(lib, emitted, time.perf_counter() - start)
 
 
@@ -73,7 +73,7 @@ if __name__ == "__main__":
 def schedule_script(workload: Workload, hardware: Hardware, emitted: Emitted) -> str:
     """A standalone Python script that rebuilds this schedule and exports kernel.so."""
     main = f'''    os.environ.setdefault("TVM_NUM_THREADS", "{hardware.cores}")
-    lib = tvm.compile(sch.mod, target=tvm.target.Target({llvm_target(hardware)!r}))
+    lib = tvm.compile(sch.mod, target=tvm.target.Target({llvm_target(hardware.cores)!r}))
     lib.export_library(out)'''
     return rebuild_script(workload, emitted.padded, emitted.schedule, "kernel.so", main)
 

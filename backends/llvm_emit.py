@@ -18,7 +18,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheSite, Layout, cache_records, effective_tiles, input_caches, is_producer, micro_order, output_tile,
+    CacheSite, Layout, cache_records, effective_tiles, input_caches, micro_order, outer_shared, output_plan, output_tile,
     trips, walk,
 )
 from ..models.costmodel import parallel_candidates, parallel_loops
@@ -40,7 +40,7 @@ class _Nests:
         self.workload, self.top, self.loops = workload, top, {}
 
     def get(self, op, pos):
-        owner = self.workload.ops[-1] if _outer_shared(self.workload, op, pos, self.top) else op
+        owner = self.workload.ops[-1] if outer_shared(self.workload, op, pos, self.top) else op
         return self.loops[(owner.name, pos)]
 
 
@@ -71,7 +71,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         _micro_kernel(sch, nests, op, micro_order(workload, op))
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, double_buffer, pipelined)
+                         nests, padded, lanes, hardware.cores, double_buffer, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
@@ -83,19 +83,17 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
     top = len(tiles) - 1
     out = workload.tensors[op.output].dims
     iter_order = list(out) + [x for x in op.loops if x not in out]  # te.compute's loop order
-    owned = [p for p in walk(workload, orders, op) if not _outer_shared(workload, op, p, top)]
+    owned = [p for p in walk(workload, orders, op) if not outer_shared(workload, op, p, top)]
     for x, loop in zip(iter_order, sch.get_loops(block)[-len(op.loops):]):
-        first = top - 1 if _outer_shared(workload, op, (x, top), top) else top
+        first = top - 1 if outer_shared(workload, op, (x, top), top) else top
         levels = list(range(first, -1, -1))
         factors = [trips(tiles, padded, x, j) for j in levels] + [tiles[0][x]]
         parts = sch.split(loop, factors=factors)
         for j, part in zip(levels + [-1], parts):
             nests.loops[(op.name, (x, j))] = part
+    plan = output_plan(workload, orders, op, tiles, padded)
+    owned = plan.owned if plan else owned
     sch.reorder(*[nests.loops[(op.name, p)] for p in owned + [(x, -1) for x in micro_order(workload, op)]])
-
-
-def _outer_shared(workload, op, pos, top) -> bool:
-    return is_producer(workload, op) and pos[1] == top and pos[0] in workload.shared_loops
 
 
 def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
@@ -121,7 +119,7 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
         sch.unroll(loop)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, double_buffer,
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, double_buffer,
                  pipelined: list) -> None:
     source = source_name(workload, sites[0].tensor, padded)
     made = []
@@ -143,9 +141,10 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bool) -> None:
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int) -> None:
     """Walk the copy in the packed order, so writes are sequential; vectorise where reads are
-    too, and share a copy made outside every parallel loop among the cores."""
+    too, and share a copy made outside every parallel loop among `parallel` cores (its outer
+    loops fused until they have a trip per core)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -156,10 +155,13 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: bo
     order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
     order += [parts[i][-1] for i in layout.inner_order]
     sch.reorder(*order)
+    if parallel > 1:
+        n, count = 1, sch.get(order[0]).extent.value
+        while count < parallel and n < len(order) - 1:
+            count, n = count * sch.get(order[n]).extent.value, n + 1
+        sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
     if layout.inner_order[-1] == rank - 1:
         _vectorize(sch, order[-1], lanes)
-    if parallel:
-        sch.parallel(order[0])
 
 
 def _vectorize(sch, loop, lanes: int) -> None:
@@ -171,17 +173,38 @@ def _vectorize(sch, loop, lanes: int) -> None:
 
 
 def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes) -> None:
-    """The output's register tile, at its level-0 key-slice."""
-    key, outer_reduction = output_tile(workload, orders, op, tiles, padded)
-    if outer_reduction:
-        # The tile must start from the running sum: zero the output above the first reduction
-        # loop and accumulate in place (TensorIR has no read-modify-write cache of a reduction).
-        moves = sch.decompose_reduction(block, nests.get(op, outer_reduction[0]))
+    """The output's register tile, at its level-0 key-slice; or, when the tile must resume from
+    its running sum (TensorIR has no read-modify-write cache of a reduction), the output's
+    block in a contiguous buffer that the tile accumulates into, zeroed at `start` and written
+    back once, instead of the row-major array, whose strided rows conflict in the caches
+    (models/caches.output_plan; a chain's intermediate is such a buffer already)."""
+    plan = output_plan(workload, orders, op, tiles, padded)
+    if plan is not None:
+        holder, start = plan.holder, plan.start
+        if holder is not None:
+            back = sch.cache_write(block, 0, "global")
+            sch.reverse_compute_at(back, nests.get(op, holder), preserve_unit_loops=True)
+            if _crops(workload, op, padded):
+                sch.reverse_compute_inline(sch.get_sblock(op.output))
+            _vectorize(sch, sch.get_loops(back)[-1], lanes)
+        moves = sch.decompose_reduction(block, nests.get(op, start))
     else:
+        key, _ = output_tile(workload, orders, op, tiles, padded)
         moves = sch.cache_write(block, 0, "local")
-        if key is not None:
+        # A producer whose key-slice is one of the consumer's loops it runs inside stores its
+        # tile where cache_write put it: inside that loop already.
+        if key is not None and not outer_shared(workload, op, key, len(tiles) - 1):
             sch.reverse_compute_at(moves, nests.get(op, key), preserve_unit_loops=True)
+        if _crops(workload, op, padded):
+            # Crop at write-back, as BLAS does: the tile's store writes only the output's real
+            # elements, instead of a padded output copied out by a pass of its own.
+            sch.reverse_compute_inline(sch.get_sblock(op.output))
     _vectorize(sch, sch.get_loops(moves)[-1], lanes)  # zeroing or storing the tile: vector moves
+
+
+def _crops(workload, op, padded) -> bool:
+    """Whether the op computes a padded copy of an output that a crop block then copies out."""
+    return workload.tensors[op.output].role == "output" and block_name(workload, op, padded) != op.output
 
 
 def _double_buffer(sch, copies) -> None:

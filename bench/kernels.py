@@ -96,7 +96,7 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
     from cachetile.backends.tensorir import primfunc
     from cachetile.models.measurement import random_inputs
 
-    target = tvm.target.Target(llvm_target(hw))
+    target = tvm.target.Target(llvm_target(hw.cores))
     rows = []
     for name, w in workloads:
         start = time.perf_counter()

@@ -238,9 +238,15 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
         for s in sites
     ]
     for op in workload.ops:
-        key, outer_reduction = output_tile(workload, orders, op, tiles, padded)
-        layout = ("row-major; zeroed above the first reduction loop, accumulated in place" if outer_reduction
-                  else "register tile (local), stored once")
+        key, _ = output_tile(workload, orders, op, tiles, padded)
+        plan = output_plan(workload, orders, op, tiles, padded)
+        if plan is None:
+            layout = "register tile (local), stored once"
+        elif plan.holder is not None:
+            layout = (f"contiguous buffer of its block under {attach_name(plan.holder, level_names)}, zeroed at "
+                      f"{attach_name(plan.start, level_names)}, accumulated by the register tile, written back once")
+        else:
+            layout = f"zeroed at {attach_name(plan.start, level_names)}, accumulated in place"
         records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
                                    layout=layout, double_buffer=False, skipped_thrifty=False))
     return records
@@ -258,6 +264,54 @@ def output_tile(workload: Workload, orders, op: Op, tiles, padded, level: int = 
     key = key_slice(positions, out, tiles, padded, level)
     above = positions[: positions.index(key)] if key is not None else []
     return key, [p for p in above if p[0] not in out]
+
+
+def outer_shared(workload: Workload, op: Op, pos: Position, top: int) -> bool:
+    """Whether a position of a chain producer's walk is one of the consumer's outermost-level
+    shared loops (the producer runs inside them)."""
+    return is_producer(workload, op) and pos[1] == top and pos[0] in workload.shared_loops
+
+
+@dataclass
+class OutputPlan:
+    """How an output that must resume from its running sum accumulates (output_plan)."""
+
+    holder: Position | None  # its block under this position lives in a contiguous buffer; None: in place
+    start: Position  # where it is zeroed: the first reduction position below the holder
+    owned: list[Position]  # the op's own positions, in the order the kernel runs them
+
+
+def output_plan(workload: Workload, orders, op: Op, tiles, padded) -> OutputPlan | None:
+    """None when the output's register tile is stored once: no reduction loop with more than one
+    trip runs above its key-slice. Otherwise the tile is reloaded and stored at each of those
+    trips, and the kernel keeps the output's block in a contiguous buffer instead of the
+    row-major array, whose strided rows conflict in the caches: the block under `holder` (the
+    innermost position above the first such reduction indexing the output with more than one
+    trip), zeroed at `start` and written back once. One-trip reduction loops above the holder
+    change nothing, so they run just below it (TensorIR zeroes a reduction only above all its
+    loops). With no such holder, a chain's shared loop above it, or a chain's intermediate
+    (kernel-local already), the output accumulates in place, zeroed above its first reduction."""
+    out = workload.tensors[op.output].dims
+    _, above = output_tile(workload, orders, op, tiles, padded)
+    multi = [p for p in above if trips(tiles, padded, p[0], p[1]) > 1]
+    if not multi:
+        return None
+    top = len(tiles) - 1
+    positions = walk(workload, orders, op)
+    owned = [p for p in positions if not outer_shared(workload, op, p, top)]
+    reductions = [p for p in positions if p[0] not in out]
+    first = positions.index(multi[0])
+    holders = [p for p in positions[:first] if p[0] in out and trips(tiles, padded, p[0], p[1]) > 1]
+    # The outermost level's shared loops of a chain are where its producers run: they stay put.
+    pinned = len(workload.ops) > 1 and any(p[1] == top and p[0] in workload.shared_loops for p in reductions)
+    if not holders or pinned or workload.tensors[op.output].role != "output":
+        return OutputPlan(None, reductions[0], owned)
+    holder = holders[-1]
+    idle = [p for p in owned[: owned.index(holder)] if p[0] not in out and trips(tiles, padded, p[0], p[1]) == 1]
+    rest = [p for p in owned if p not in idle]
+    at = rest.index(holder) + 1
+    order = rest[:at] + idle + rest[at:]
+    return OutputPlan(holder, next(p for p in order[at:] if p[0] not in out), order)
 
 
 def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles, stages: int) -> list[CacheRecord]:

@@ -146,7 +146,9 @@ def _block_total(index, walk_pos, level, n_levels, blocks) -> np.ndarray:
     return total
 
 
-def _blocks(workload: Workload, tiles: Tiles, lowest: int):
+def loop_classes(workload: Workload, tiles: Tiles, lowest: int):
+    """Every loop's block classes (loop_blocks) and counts at the levels from `lowest` out:
+    what data_volume needs besides the orders."""
     n = len(tiles)
     blocks = {
         x: loop_blocks(e, [tiles[j][x] if j >= lowest else 1 for j in range(n)]) for x, e in workload.dims.items()
@@ -155,17 +157,17 @@ def _blocks(workload: Workload, tiles: Tiles, lowest: int):
 
 
 def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts, weights=None,
-              local_level: int | None = None, output_level: int | None = None, only: str | None = None) -> np.ndarray:
+              local_level: int | None = None, output_level: int | None = None, only=None) -> np.ndarray:
     """Elements one op moves into `level`, summed over its inputs and outputs (each times
-    weights[(op name, tensor)] when given; only tensor `only` when given). Intermediates
-    move only below `local_level` (default: the outermost level); outputs are counted as
-    they move into `output_level` (default: `level`)."""
+    weights[(op name, tensor)] when given). Intermediates move only below `local_level`
+    (default: the outermost level); outputs are counted as they move into `output_level`
+    (default: `level`). `only`: count just these tensors."""
     n = len(orders)
     walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
     pos = {p: i for i, p in enumerate(walk)}
     total = 0.0
     for name in workload.moved_tensors(op, level, n - 1 if local_level is None else local_level):
-        if only is not None and name != only:
+        if only is not None and name not in only:
             continue
         tensor = workload.tensors[name]
         nont = [y for y in op.loops if y not in tensor.loops]
@@ -190,7 +192,7 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None, offset: int = 0) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -199,10 +201,12 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     level as candidate arrays. With `hardware`, the registers (level 0) count load
     bandwidth: see register_weights (on GPUs threads stream their fragments from
     shared memory and their accumulators persist through the block's walk, so
-    outputs move as the block walk moves them).
+    outputs move as the block walk moves them). `blocks`: what loop_classes returned for
+    these tiles and levels, when the caller costs several orders of the same tiles. `only`:
+    count just these tensors.
     """
     levels = range(len(orders)) if levels is None else levels
-    blocks, counts = _blocks(workload, tiles, min(levels))
+    blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
     target = target_for(hardware)
     weights = None
     if offset == 0 and 0 in levels:
@@ -212,7 +216,8 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     for level in levels:
         w = weights if level + offset == 0 else None
         out_level = target.output_level(level + offset, len(orders) + offset)
-        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level) for op in workload.ops)
+        total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level, only)
+                    for op in workload.ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
 
@@ -224,7 +229,7 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
     its best order. Outer levels only add loops that break reuse; checked against
     multi-level plans in the tests.
     """
-    blocks, counts = _blocks(workload, [tile], 0)
+    blocks, counts = loop_classes(workload, [tile], 0)
     shape = np.shape(blocks[workload.loops[0]][0][0])[1:]
     total = 0.0
     for op in workload.ops:
@@ -238,7 +243,7 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
         for name in [*op.inputs, op.output]:
             mine = workload.tensors[name].loops
             perm = [x for x in op.loops if x in mine] + [x for x in op.loops if x not in mine]
-            total = total + op_volume(workload, op, [perm], 0, blocks, counts, weights, only=name)
+            total = total + op_volume(workload, op, [perm], 0, blocks, counts, weights, only=(name,))
     return np.asarray(total, dtype=np.float64) * workload.elem_bytes
 
 

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from .errors import InvalidInput
+from .profile import Profile, load_profile, machine_key, profile_path
 
 
 # Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
@@ -26,6 +27,8 @@ class Level(BaseModel):
     name: str
     capacity_bytes: int = Field(gt=0, le=MAX_CAPACITY)
     bandwidth_bytes_per_s: float = Field(gt=0, allow_inf_nan=False)
+    ways: int | None = Field(None, ge=1, description="associativity of a hardware cache (sysfs); none for registers "
+                                                     "and software-managed memories")
 
 
 class GpuLimits(BaseModel):
@@ -54,6 +57,11 @@ class Hardware(BaseModel):
     gpu: GpuLimits | None = Field(
         None, description="GPU only: level 0 is then a thread's registers (bytes), level 1 a block's shared memory"
     )
+    call_seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="fixed cost of one kernel call")
+    parallel_region_seconds: float = Field(0.0, ge=0, allow_inf_nan=False,
+                                           description="cost of entering one parallel loop (CPU thread pool)")
+    calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
+                                                     "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
 
     @model_validator(mode="after")
@@ -169,8 +177,39 @@ def _cpu_hz() -> float:
     return 2.5e9
 
 
-def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
-    """Read this machine's data caches from sysfs; the vector register file is the innermost level."""
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "cpu"
+
+
+def _data_caches(cache_root: str) -> list[tuple[int, int, int | None]]:
+    """(level, bytes, ways) of each data or unified cache, innermost first."""
+    caches = []
+    for index in sorted(Path(cache_root).glob("index*")):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level, size = int((index / "level").read_text()), _parse_size((index / "size").read_text())
+        except (OSError, ValueError):
+            continue
+        try:
+            ways = int((index / "ways_of_associativity").read_text()) or None
+        except (OSError, ValueError):
+            ways = None
+        caches.append((level, size, ways))
+    return sorted(caches)
+
+
+def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache", calibrated: bool = True) -> Hardware:
+    """Read this machine's data caches from sysfs; the vector register file is the innermost level.
+
+    With `calibrated` (the default), figures measured by `tune hardware host --calibrate` on
+    this machine replace the assumed peak, bandwidths and overheads (models/profile.py)."""
     cores = os.cpu_count() or 1
     hz = _cpu_hz()
     flags, vendor = _cpu_flags()
@@ -180,30 +219,45 @@ def host(cache_root: str = "/sys/devices/system/cpu/cpu0/cache") -> Hardware:
     fma_bytes = 32 if vendor == "AuthenticAMD" else vec_bytes
     peak = cores * hz * 2 * (fma_bytes // 4) * 2
     levels = [Level(name="registers", capacity_bytes=nregs * vec_bytes, bandwidth_bytes_per_s=2 * vec_bytes * hz * cores)]
-    caches = []
-    for index in sorted(Path(cache_root).glob("index*")):
-        try:
-            ctype = (index / "type").read_text().strip()
-            if ctype == "Instruction":
-                continue
-            caches.append((int((index / "level").read_text()), _parse_size((index / "size").read_text())))
-        except (OSError, ValueError):
-            continue
-    for level, size in sorted(caches):
+    for level, size, ways in _data_caches(cache_root):
         bpc = _FILL_BYTES_PER_CYCLE.get(level, 8)
-        levels.append(Level(name=f"L{level}", capacity_bytes=size, bandwidth_bytes_per_s=bpc * hz * cores))
+        levels.append(Level(name=f"L{level}", capacity_bytes=size, bandwidth_bytes_per_s=bpc * hz * cores, ways=ways))
     # The outermost cache is filled from DRAM, not from a further cache.
     if len(levels) > 1:
         levels[-1] = levels[-1].model_copy(update={"bandwidth_bytes_per_s": _DRAM_BYTES_PER_CYCLE * hz * cores})
-    return Hardware(
+    hardware = Hardware(
         name="host",
         levels=levels,
         peak_flops=peak,
         cores=cores,
         vector_bytes=vec_bytes,
         source=f"{cache_root}, /proc/cpuinfo ({cores} cores at {hz / 1e9:.2f} GHz, {vec_bytes * 8}-bit vectors); "
-        "fill bandwidths are per-cycle assumptions documented in models/hardware.py",
+        "assumed figures: fill bandwidths are per-cycle assumptions documented in models/hardware.py "
+        "(tune hardware host --calibrate measures them)",
     )
+    if calibrated:
+        profile = load_profile(host_key(hardware))
+        if profile is not None:
+            hardware = apply_profile(hardware, profile)
+    return hardware
+
+
+def host_key(hardware: Hardware) -> str:
+    """The profile key of a host preset (models/profile.machine_key)."""
+    return machine_key(_cpu_model(), hardware.cores, hardware.vector_bytes,
+                       [(lv.name, lv.capacity_bytes) for lv in hardware.levels[1:]])
+
+
+def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
+    """The hardware with the profile's all-core figures: peak, each level's fill bandwidth, overheads."""
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": profile.fill_bandwidth[lv.name].all_cores})
+              if lv.name in profile.fill_bandwidth else lv for lv in hardware.levels]
+    return hardware.model_copy(update={
+        "levels": levels, "peak_flops": profile.peak_flops.all_cores, "call_seconds": profile.call_seconds,
+        "parallel_region_seconds": profile.parallel_region_seconds, "calibrated": profile.created,
+        "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s "
+                  f"({profile_path(profile.key)})",
+    })
 
 
 PRESETS = ("host", "h100", "a100", "v100")

@@ -26,13 +26,17 @@ class LevelPlan(BaseModel):
     tile: dict[str, int] = Field(description="extent of each loop's block resident at this level")
     dv_bytes: float = Field(description="bytes moved into this level")
     mu_bytes: float = Field(description="bytes this level holds")
+    copy_bytes: float = Field(0.0, description="bytes the kernel's packing copies write into buffers filled at "
+                                               "this level (beside dv_bytes, which keeps Accera's refill count)")
     capacity_bytes: int
 
 
 class Plan(BaseModel):
     levels: list[LevelPlan] = Field(description="innermost first, one per hardware level")
     predicted_seconds: float
-    bottleneck: str = Field(description="the level whose link sets the time, or 'compute'")
+    bottleneck: str = Field(description="the level whose link sets the overlapped time, or 'compute'")
+    serial_seconds: float = Field(0.0, description="of predicted_seconds, what the kernel spends outside its "
+                                                   "overlapped loops: packing copies, zeroing, parallel regions, the call")
     caches: list[CacheRecord] = Field(
         [], description="what the backend caches, where, in which layout, and what the thrifty rule skips"
     )
@@ -65,7 +69,10 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     objective = time_objective(hardware)
     compute = float(compute_seconds(workload, hardware, orders, tiles, stages))
-    predicted, worst = objective.value(compute, objective.links(dv))
+    nests = tiles_nest(workload, tiles)  # tiles that do not nest are costed, but no backend emits them
+    costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
+    serial = costs.seconds if costs else 0.0
+    predicted, worst = objective.value(compute, objective.links(dv), serial)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
@@ -74,11 +81,13 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
             tile={x: int(tiles[i][x]) for x in workload.dims},
             dv_bytes=dv[i],
             mu_bytes=float(level_usage(workload, hardware, i, tiles[i], stages)),
+            copy_bytes=costs.copy_bytes[i] if costs else 0.0,
             capacity_bytes=lv.capacity_bytes,
         )
         for i, lv in enumerate(hardware.levels)
     ]
     caches, launch = [], None
-    if tiles_nest(workload, tiles):  # tiles that do not nest are costed, but no backend emits them
+    if nests:
         caches, launch = hardware.target.plan_extras(workload, [lv.name for lv in hardware.levels], orders, tiles, stages)
-    return Plan(levels=levels, predicted_seconds=predicted, bottleneck=bottleneck, caches=caches, launch=launch)
+    return Plan(levels=levels, predicted_seconds=predicted, bottleneck=bottleneck, serial_seconds=serial, caches=caches,
+                launch=launch)

@@ -10,6 +10,7 @@ import functools
 import math
 import string
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Literal, Mapping
 
 import numpy as np
@@ -177,7 +178,7 @@ class Workload(BaseModel):
     def elem_bytes(self) -> int:
         return DTYPE_BYTES[self.dtype]
 
-    @property
+    @cached_property
     def shared_loops(self) -> list[str]:
         """Loops run by every op; in any valid order they come before the others."""
         return [x for x in self.dims if all(x in op.loops for op in self.ops)]

@@ -24,7 +24,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
             return SolveResult("feasible", result.plans, result.evaluated)
         return result
     if space.target.auto_strategy == "seeded" and space.objective.shares_issue:
-        fast = seeded(space, Deadline(min(deadline.left() * budget.ENUMERATE_SHARE, budget.SEED_SECONDS)), top)
+        fast = seeded(space, deadline, top, cap=min(deadline.left() * budget.ENUMERATE_SHARE, budget.SEED_SECONDS))
         if fast.plans:
             return SolveResult("optimal" if fast.status == "optimal" else "feasible", fast.plans, fast.evaluated)
     first = Deadline(max(deadline.left() * budget.ENUMERATE_SHARE, 0.0))

@@ -10,14 +10,16 @@ SEED_SHARE = 0.3  # enumerate on SIMD CPUs: the pass around the best register ti
 ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the rest is kept for the NLP fallback
 
 # Fixed caps, in seconds, whatever the limit.
-# auto on SIMD CPUs: the search around the best register tiles. Full enumeration rarely proves
-# optimality there within seconds, and this pass finds the plan the full search ends up with.
-SEED_SECONDS = 1.2
+# auto on SIMD CPUs: the widening passes around the best register tiles (enumeration.seeded);
+# their greedy dive may take longer. Plans found within 0.4 s matched those of 4 s passes
+# within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
+# 1024^3 GEMM in under a second, imports included.
+SEED_SECONDS = 0.4
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
 # proving the best takes long; enumerate's best plan after this long is returned.
 GPU_SECONDS = 1.5
-# tune: polishing only breaks ties and trims data movement, so it gets a short slice.
-POLISH_SECONDS = 0.3
+# tune: polishing breaks ties and trims data movement, so it gets a short slice.
+POLISH_SECONDS = 0.15
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 

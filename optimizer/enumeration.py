@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, single_level_bound
+from ..models.costmodel import compute_seconds, data_volume, loop_classes, single_level_bound
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space
@@ -25,6 +25,7 @@ class _Timeout(Exception):
     pass
 
 
+LEAF_ROWS = 4  # register tiles per kept plan a leaf offers the top-k, once serial costs are added
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
@@ -40,15 +41,16 @@ def _grid(space: Space) -> np.ndarray:
 
 
 class _Search:
-    def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None):
-        self.space, self.deadline, self.best = space, deadline, best
+    def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None,
+                 beam: int | None = None):
+        self.space, self.deadline, self.best, self.beam = space, deadline, best, beam
         grid = _grid(space)
         self.grid = grid
         # Candidate tiles that fit each level by its own usage (SIMD registers hold
         # accumulators, GPU shared memory counts stages), level 0 limited to `register_rows` when given.
         tile = {x: grid[:, i] for i, x in enumerate(space.loops)}
         self.mu = [space.usage(j, tile) for j in range(space.n_levels)]
-        self.rows = [grid[mu <= lv.capacity_bytes] for mu, lv in zip(self.mu, space.hardware.levels)]
+        self.rows = [grid[mu <= space.capacity(j)] for j, mu in enumerate(self.mu)]
         # Rules of one level alone (GPU loops held whole or stepped one by one): applied once here.
         for j, rows in enumerate(self.rows):
             extents = np.array([space.workload.dims[x] for x in space.loops])
@@ -84,7 +86,7 @@ class _Search:
                 lv = sp.hardware.levels[level]
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
-                t = np.where(self.mu[level] <= lv.capacity_bytes, t, np.inf).reshape(shape)
+                t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
                 table = t
@@ -138,13 +140,14 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
         secs = np.empty((len(orders), len(rows)))
-        for o, order in enumerate(orders):
-            for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
+        for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
+            part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
+            classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
+            for o, order in enumerate(orders):
                 if self.deadline.expired():
                     raise _Timeout
-                part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
-                                 hardware=sp.hardware, offset=level)[0]
+                                 hardware=sp.hardware, offset=level, blocks=classes)[0]
                 secs[o, lo : lo + CHUNK] = dv / divisor
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
@@ -164,11 +167,9 @@ class _Search:
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level >= 1:
             compute = compute * sp.target.compute_floor(sp.workload, level, tile, sp.stages)
-        else:
-            compute = np.stack([
-                np.broadcast_to(sp.objective.compute(compute_seconds(
-                    sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles], sp.stages)),
-                                (len(rows),)) for order in orders])
+        else:  # the register tile's own order does not change the arithmetic
+            compute = np.broadcast_to(sp.objective.compute(compute_seconds(
+                sp.workload, sp.hardware, (orders[0], *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))[None, :]
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -182,14 +183,21 @@ class _Search:
         keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
-            for flat in keep[: self.best.k]:
+            # The kernel's serial costs (copies, regions) are known only now that every level is
+            # fixed; they differ little between register tiles, so they are costed once per order.
+            serial = {}
+            for flat in keep[: LEAF_ROWS * self.best.k]:
+                if float(bound.flat[flat]) > self.best.worst_primary():
+                    break  # sorted by bound, and the serial costs only add
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-                key = (float(bound.flat[flat]), float(cmax.flat[flat]), float(csum.flat[flat]))
+                if o not in serial:
+                    serial[o] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                key = (float(bound.flat[flat]) + serial[o], float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
-        for flat in keep:
+        for flat in keep[: self.beam]:
             if self.deadline.expired():
                 raise _Timeout
             if self.greedy and self.best.items:
@@ -205,7 +213,7 @@ class _Search:
             )
 
 
-REGISTER_SEEDS = 16
+REGISTER_SEEDS = 6
 
 
 def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
@@ -231,30 +239,43 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
     return around, seeds[:used]
 
 
-LADDER = 8  # small multiples of a seed tile offered to the outer levels
-LADDER_GRID = 100_000  # tile combinations per level the seeded search holds
+LADDER = 4  # small multiples of a seed tile offered to the outer levels
+LADDER_GRID = 30_000  # tile combinations per level the seeded search holds
+BEAMS = (1, 2, 4, 8)  # children per node the seeded passes visit, in turn
 
 
-def seeded(space: Space, deadline: Deadline, top: int) -> SolveResult:
-    """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`).
+def seeded(space: Space, deadline: Deadline, top: int, cap: float | None = None) -> SolveResult:
+    """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`),
+    visiting at most BEAMS[i] children of each node, for i = 0, 1, ... while time lasts.
 
-    `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
-    `feasible` when that smaller space was searched to the end, else `timeout`.
+    Branch and bound over the full space proves little here (compute bounds the time, and
+    many outer tilings tie under it), so it would spend its budget in the first subtree. A
+    growing beam finds a good plan within milliseconds (beam 1 is the greedy dive) and then
+    widens the search over every level; the passes share their best plans, which prune the
+    next. The greedy dive has the whole `deadline`; the wider passes stop `cap` seconds
+    after the search began. `optimal` when the best plan is within OPTIMALITY_GAP of the
+    lower bound, `feasible` when the widest beam ran to the end, else `timeout`.
     """
+    wider = Deadline(min(deadline.left(), cap if cap is not None else deadline.left()))
     seeds = space.best_register_tiles(REGISTER_SEEDS)
     best = TopK(max(top, 1))
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
     around, seeds = _ladders(space, seeds)
-    search = _Search(around, deadline, best, seeds)
-    try:
-        search.run()
-        status = "feasible"
-    except _Timeout:
-        status = "timeout"
+    status, evaluated = "timeout", 0
+    for beam in BEAMS:
+        search = _Search(around, deadline if beam == BEAMS[0] else wider, best, seeds, beam=beam)
+        try:
+            search.run()
+            status = "feasible"
+        except _Timeout:
+            status = "timeout"
+        evaluated += search.evaluated
+        if status == "timeout" or (best.items and space.meets_lower_bound(best.items[0].key[0])):
+            break
     if best.items and space.meets_lower_bound(best.items[0].key[0]):
         status = "optimal"
-    return SolveResult(status, best.items, search.evaluated)
+    return SolveResult(status, best.items, evaluated)
 
 
 @register("enumerate")

@@ -25,7 +25,7 @@ def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | 
         for x in loops:
             below = [v for v in legal[x] if v <= tiles[j][x]]
             tiles[j][x] = int(below[-1] if below else legal[x][0])
-        cap = space.hardware.levels[j].capacity_bytes
+        cap = space.capacity(j)
         while space.usage(j, tiles[j]) > cap:
             x = max(loops, key=lambda y: tiles[j][y] / smallest[y])
             if tiles[j][x] == smallest[x]:
@@ -42,8 +42,8 @@ def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
-        space.usage(j, tiles[j]) / lv.capacity_bytes
-        for j, lv in enumerate(space.hardware.levels)
+        space.usage(j, tiles[j]) / space.capacity(j)
+        for j in range(space.n_levels)
     )
 
 

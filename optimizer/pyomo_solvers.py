@@ -116,7 +116,7 @@ def _ipopt_model(space: Space, choice):
         )
         costs.append(cost)
         m.c.add(cost <= m.t)
-        log_cap = math.log(hw.levels[j].capacity_bytes / w.elem_bytes)
+        log_cap = math.log(space.capacity(j) / w.elem_bytes)
         tile = {x: m.u[j, x] for x in space.loops}
         for tensors in _mu_terms(space):
             m.c.add(sum(_block_bound(dims, tile, log_cap) for dims in tensors) <= 1.0)
@@ -147,7 +147,7 @@ def _scip_model(space: Space, choice):
         )
         costs.append(cost)
         m.c.add(cost <= m.t)
-        cap = hw.levels[j].capacity_bytes / w.elem_bytes
+        cap = space.capacity(j) / w.elem_bytes
         tile = {x: m.T[j, x] for x in space.loops}
         for tensors in _mu_terms(space):
             m.c.add(sum(_block_bound(dims, tile) for dims in tensors) <= cap)

@@ -79,14 +79,21 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)
-    for j, lv in enumerate(hw.levels):
-        feasible &= space.usage(j, tiles[j]) <= lv.capacity_bytes
+    for j in range(space.n_levels):
+        feasible &= space.usage(j, tiles[j]) <= space.capacity(j)
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.launchable(tiles)
-    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
+    serial = space.serial_seconds(orders, tiles)
+    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs, serial)
     return predicted, memmax, memsum, feasible
+
+
+def rescore(space: Space, cand: Candidate) -> Candidate:
+    """The candidate with its exact ranking key (searches may rank with partial costs)."""
+    pred, mmax, msum, _ = score(space, cand.orders, cand.tile_dicts(space.loops))
+    return Candidate(cand.orders, cand.tiles, (float(pred), float(mmax), float(msum)))
 
 
 SolverFn = Callable[[Space, Deadline, int], SolveResult]

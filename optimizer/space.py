@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..models.caches import tiles_nest
 from ..models.costmodel import check_order, compute_seconds, level_usage, memory_usage, single_level_bound
 from ..models.hardware import Hardware
 from ..models.objective import Objective, time_objective
@@ -160,6 +161,7 @@ class Space:
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
+    _serial: dict = field(init=False, repr=False, default_factory=dict)  # (orders, tiles) -> serial seconds
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):
@@ -192,7 +194,7 @@ class Space:
         w, lv = self.workload, self.hardware.levels[0]
         weights = self.target.register_weights(w)
         rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x], level=0)] for x, c in self.candidates.items()},
-                             self.smallest_tiles(), lv.capacity_bytes, self.target)
+                             self.smallest_tiles(), self.capacity(0), self.target)
         if rows is None:
             return None, None
         bound = np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape)
@@ -216,6 +218,25 @@ class Space:
             if len(keep) == n:
                 break
         return np.stack([rows[x][keep] for x in self.loops], axis=1)
+
+    def serial_seconds(self, orders, tiles) -> np.ndarray | float:
+        """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
+        tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest."""
+        if not self.objective.counts_serial:
+            return 0.0
+        shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in self.loops])
+        flat = [{x: np.broadcast_to(t[x], shape).ravel() for x in self.loops} for t in tiles]
+        out = np.empty(int(np.prod(shape)))
+        for i in range(out.size):
+            row = tuple(tuple(int(t[x][i]) for x in self.loops) for t in flat)
+            key = (tuple(map(tuple, orders)), row)
+            if key not in self._serial:
+                plan_tiles = [dict(zip(self.loops, r)) for r in row]
+                costs = (self.target.kernel_costs(self.workload, orders, plan_tiles, self.stages)
+                         if tiles_nest(self.workload, plan_tiles) else None)
+                self._serial[key] = costs.seconds if costs else 0.0
+            out[i] = self._serial[key]
+        return out.reshape(shape) if shape else float(out[0])
 
     def coarse(self) -> Space:
         """The same space over the coarse candidate sets (same objective and stages)."""
@@ -244,6 +265,10 @@ class Space:
     def level_footprint(self, level: int) -> float:
         """Usage of `level` with the smallest tiles."""
         return float(self.usage(level, self.smallest_tiles()))
+
+    def capacity(self, level: int) -> int:
+        """Bytes a plan may hold in `level` (the target's usable share of its capacity)."""
+        return self.target.usable_bytes(self.hardware.levels[level])
 
     def usage(self, level: int, tile) -> np.ndarray:
         """MU of `level` for (arrays of) tiles."""

@@ -10,7 +10,7 @@ from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import polish
-from .registry import SOLVERS, Deadline, SolveResult
+from .registry import SOLVERS, Deadline, SolveResult, rescore
 from .space import Space
 
 InfeasibleError = Infeasible  # the name this module exported before errors were typed
@@ -19,10 +19,11 @@ MAX_STAGES = 8
 
 def check_capacities(space: Space) -> None:
     for j, lv in enumerate(space.hardware.levels):
-        need = space.level_footprint(j)
-        if lv.capacity_bytes < need:
+        need, usable = space.level_footprint(j), space.capacity(j)
+        if usable < need:
+            share = f" ({usable} usable with {lv.ways}-way LRU)" if usable < lv.capacity_bytes else ""
             raise Infeasible(
-                f"level {lv.name!r} holds {lv.capacity_bytes} bytes but the smallest tiling "
+                f"level {lv.name!r} holds {lv.capacity_bytes} bytes{share} but the smallest tiling "
                 f"({_smallest(space)}) needs {need:.0f} bytes"
             )
 
@@ -77,7 +78,7 @@ def tune(
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
     polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
-    plans = [polish(space, c, polish_deadline) for c in result.plans]
+    plans = [rescore(space, polish(space, c, polish_deadline)) for c in result.plans]
     plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
     return TuneResult(

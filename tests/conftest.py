@@ -1,10 +1,15 @@
+import os
 import random
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# The `host` preset applies this machine's calibration profile when one exists; the tests must not
+# depend on whether the developer ran `tune hardware host --calibrate`, so they see an empty store.
+os.environ["CACHETILE_PROFILES"] = tempfile.mkdtemp(prefix="cachetile-test-profiles-")
 
 from cachetile.models.hardware import Hardware  # noqa: E402
 from cachetile.models.workload import builtin  # noqa: E402

@@ -51,13 +51,17 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert w["signature"] == ["A", "B", "D", "E"]
     assert w["tensors"]["C"] == {"dims": ["b", "m", "l"], "role": "intermediate"}
     assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
-    assert doc["hardware"] == {**CUSTOM, "kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None}  # defaults filled in
+    defaults = {"kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None, "call_seconds": 0.0,
+                "parallel_region_seconds": 0.0, "calibrated": None}
+    levels = [{**lv, "ways": None} for lv in CUSTOM["levels"]]
+    assert doc["hardware"] == {**CUSTOM, **defaults, "levels": levels}  # defaults filled in
     plan = doc["plan"]
     assert [lp["name"] for lp in plan["levels"]] == ["near", "far"]
     assert {lp["capacity_bytes"] for lp in plan["levels"]} == {4096, 131072}
     assert all(lp["mu_bytes"] <= lp["capacity_bytes"] for lp in plan["levels"])
-    assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "caches", "launch"} and plan["launch"] is None
-    assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "capacity_bytes"}
+    assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "serial_seconds", "caches", "launch"}
+    assert plan["launch"] is None and plan["serial_seconds"] == 0.0  # scalar CPUs: the plain DV model
+    assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "copy_bytes", "capacity_bytes"}
     assert doc["solver"]["status"] in ("optimal", "feasible") and doc["solver"]["name"] == "auto"
     assert len(doc["alternatives"]) <= 2
 

@@ -63,6 +63,10 @@ class Target:
         return 1.0
 
     # --- search space -------------------------------------------------------------------
+    def usable_bytes(self, level) -> int:
+        """How much of a level (a models.hardware.Level) a plan may fill."""
+        return level.capacity_bytes
+
     def vector_lanes(self, workload: Workload) -> int:
         """Elements of the workload's dtype in one SIMD register (1: no SIMD)."""
         return 1
@@ -90,6 +94,11 @@ class Target:
     def orders_at(self, level: int, orders: list) -> list:
         """The order classes worth searching at `level`."""
         return orders
+
+    def kernel_costs(self, workload: Workload, orders, tiles, stages: int = 1):
+        """What the emitted kernel spends besides the overlapped streaming (scalar plans): a
+        models.kernel_costs.KernelCosts, or None when the target models none."""
+        return None
 
     def compute_floor(self, workload: Workload, level: int, tile: Mapping, stages: int) -> np.ndarray | float:
         """A lower bound on launch_stretch given only `level`'s tiles (enumerate's bound)."""

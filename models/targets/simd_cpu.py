@@ -8,6 +8,12 @@ slot. The loads issue from the same core as the FMAs, so the registers' link
 time adds to the compute time instead of overlapping it (measured: 4x64
 register tiles, 8 loads per 16 FMAs, ran 1.33x faster than 16x16 tiles, 17
 loads per 16 FMAs).
+
+The target is also what the machine's kernels really do: their packing copies,
+parallel regions and calls (kernel_costs), and tiles that leave room in
+set-associative caches (usable_bytes). Scalar CPUs keep the plain model: they
+stand for abstract hierarchies, and these terms were measured on the SIMD
+micro-kernel.
 """
 from __future__ import annotations
 
@@ -20,10 +26,31 @@ from .base import Target
 FMA_CHAINS = 8
 
 
+# Besides the block a level keeps for reuse, the kernel streams lines of the other arrays through
+# it between two uses (the micro-kernel's A, B and C, and the stack). Under LRU a W-way cache keeps
+# the block only if every set has that many ways left over, so a tile may fill at most 1 - 4/W of
+# it (never less than half). Measured with valgrind's cache simulator on a 12-way 48 KiB L1d:
+# tiles at 37-67% of L1 missed 1.0-1.1x the model's bytes, at 74-79% 1.0-1.7x, at 88-99%
+# 1.5-2.3x (BENCHMARKS.md, bench/cachegrind.py).
+STREAMS = 4
+
+
 class SimdCpu(Target):
     name = "simd-cpu"
     registers_share_issue = True
     auto_strategy = "seeded"
+
+    def usable_bytes(self, level) -> int:
+        if not level.ways:
+            return level.capacity_bytes
+        return int(level.capacity_bytes * max(1 - STREAMS / level.ways, 0.5))
+
+    def kernel_costs(self, workload, orders, tiles, stages=1):
+        """What the LLVM micro-kernel spends outside the streaming the DV model describes (packing
+        copies, zeroing, parallel regions, the call): models/kernel_costs.py."""
+        from ..kernel_costs import kernel_costs
+
+        return kernel_costs(workload, self.hardware, orders, tiles)
 
     def vector_lanes(self, workload) -> int:
         return self.hardware.vector_bytes // workload.elem_bytes

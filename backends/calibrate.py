@@ -1,0 +1,214 @@
+"""Measure this machine for the cost model: `tune hardware host --calibrate`.
+
+Small TensorIR kernels, built with LLVM for this CPU and timed in this process
+(medians), each on one core and on all cores:
+
+- the micro-kernel: the register tile the LLVM backend emits (broadcast A,
+  vector B, FMA into accumulators, the tile written once), with its data in
+  L1, for two tiles with different loads per FMA (4 x 4 vectors: 8 loads per
+  16 FMAs; 16 x 1 vector: 17 per 16). The SIMD model charges compute +
+  register loads (models/targets/simd_cpu.py), so the two times give the peak
+  and the register bandwidth;
+- streaming reads (8 accumulator vectors, so latency does not bind) over a
+  working set sized to half of each cache level, and 4x the last level for
+  memory: the link filling level l is the stream from level l+1;
+- entering a parallel loop, from a serial loop around it: what the fused
+  chains pay per producer block;
+- one kernel call that does almost nothing.
+
+The result is a models.profile.Profile, saved under the user's cache
+directory and applied by the `host` preset from then on.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import time
+from typing import Callable
+
+import numpy as np
+
+from ..models.hardware import _cpu_model, host, host_key
+from ..models.profile import Figure, Profile, save_profile
+
+Progress = Callable[[float, str], None]
+FLOPS_PER_CALL = 2e8  # about 1 ms of arithmetic per timed call at ~200 GFLOP/s
+BYTES_PER_CALL = 64 * 2**20
+LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads per k step (vectors + broadcasts)
+ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
+
+
+def _target(threads: int):
+    import tvm
+
+    from .llvm_build import llvm_target
+
+    return tvm.target.Target(llvm_target(threads))
+
+
+def _median_seconds(lib, args, repeat: int = 7) -> float:
+    import tvm
+
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1, repeat=repeat + 1, min_repeat_ms=20)
+    return statistics.median(timer(*args).results[1:])
+
+
+def _tensors(*arrays):
+    import tvm
+
+    return [tvm.runtime.tensor(a) for a in arrays]
+
+
+def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: int) -> tuple[float, float, int]:
+    """Seconds per call of a register-tile kernel, its flops, and its k steps (all threads)."""
+    import tvm
+    from tvm import te
+
+    cols = vectors * lanes
+    reps = max(1, int(FLOPS_PER_CALL / (threads * 2 * rows * cols * k)))
+    A = te.placeholder((threads, rows, k), "float32", name="A")
+    B = te.placeholder((threads, k, cols), "float32", name="B")
+    r, kk = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, k), name="k")
+    C = te.compute((threads, rows, cols), lambda t, i, j: te.sum(A[t, i, kk] * B[t, kk, j], axis=[r, kk]), name="C")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
+    block = sch.get_sblock("C")
+    t, i, j, rr, k_ = sch.get_loops(block)
+    jo, ji = sch.split(j, factors=[vectors, lanes])
+    sch.reorder(t, rr, k_, i, jo, ji)
+    store = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(store, t)
+    if threads > 1:
+        sch.parallel(t)
+    sch.unroll(i)
+    sch.unroll(jo)
+    sch.vectorize(ji)
+    sch.decompose_reduction(block, rr)
+    lib = tvm.compile(sch.mod, target=_target(threads))
+    rng = np.random.default_rng(0)
+    args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, cols), "float32"),
+                    np.zeros((threads, rows, cols), "float32"))
+    return _median_seconds(lib, args), threads * reps * 2.0 * rows * cols * k, threads * reps * k
+
+
+def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
+    """Bytes/s of reading `bytes_per_thread` per thread over and over, on `threads` cores."""
+    import tvm
+    from tvm import te
+
+    n = max(1, bytes_per_thread // 4 // (lanes * ACCUMULATORS))
+    reps = max(1, BYTES_PER_CALL // (threads * n * ACCUMULATORS * lanes * 4))
+    A = te.placeholder((threads, n, ACCUMULATORS, lanes), "float32", name="A")
+    r, i = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, n), name="i")
+    out = te.compute((threads, ACCUMULATORS, lanes), lambda t, u, v: te.sum(A[t, i, u, v], axis=[r, i]), name="out")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, out]))
+    block = sch.get_sblock("out")
+    t, u, v, rr, ii = sch.get_loops(block)
+    sch.reorder(t, rr, ii, u, v)
+    store = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(store, t)
+    if threads > 1:
+        sch.parallel(t)
+    sch.unroll(u)
+    sch.vectorize(v)
+    sch.decompose_reduction(block, rr)
+    lib = tvm.compile(sch.mod, target=_target(threads))
+    args = _tensors(np.ones((threads, n, ACCUMULATORS, lanes), "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
+    return threads * reps * n * ACCUMULATORS * lanes * 4 / _median_seconds(lib, args)
+
+
+def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
+    """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
+    import tvm
+    from tvm import te
+
+    A = te.placeholder((outer, threads, 16), "float32", name="A")
+    B = te.compute((outer, threads, 16), lambda o, t, v: A[o, t, v] + 1.0, name="B")
+    times = []
+    for parallel in (True, False):
+        sch = tvm.s_tir.Schedule(te.create_prim_func([A, B]))
+        o, t, v = sch.get_loops(sch.get_sblock("B"))
+        if parallel:
+            sch.parallel(t)
+        sch.vectorize(v)
+        lib = tvm.compile(sch.mod, target=_target(threads))
+        times.append(_median_seconds(lib, _tensors(*[np.zeros((outer, threads, 16), "float32")] * 2)))
+    one = te.placeholder((1,), "float32", name="A")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([one, te.compute((1,), lambda i: one[i] + 1.0, name="B")]))
+    lib = tvm.compile(sch.mod, target=_target(1))
+    timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1000, repeat=5)
+    call = statistics.median(timer(*_tensors(np.zeros(1, "float32"), np.zeros(1, "float32"))).results)
+    return max(times[0] - times[1], 0.0) / outer, call
+
+
+def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, int], lanes: int,
+                           vector_bytes: int) -> tuple[float, float]:
+    """Peak FLOP/s and register bytes/s from two micro-kernels (seconds, flops, k steps) with the
+    loads per step of LOADS, solving seconds = flops / peak + load bytes / bandwidth."""
+    (s1, f1, k1), (s2, f2, k2) = a, b
+    l1, l2 = [LOADS[t] * vector_bytes * k for t, k in zip(LOADS, (k1, k2))]
+    matrix = np.array([[f1, l1], [f2, l2]], dtype=float)
+    inv_peak, inv_bw = np.linalg.solve(matrix, np.array([s1, s2]))
+    if inv_peak <= 0:  # cannot happen unless timing noise inverts the two kernels: take the faster one
+        return max(f1 / s1, f2 / s2), float("inf")
+    if inv_bw <= 1e-15:  # loads fully overlapped with the FMAs here: they cost nothing measurable
+        return 1 / inv_peak, 1e18
+    return 1 / inv_peak, 1 / inv_bw
+
+
+def calibrate(progress: Progress | None = None) -> Profile:
+    """Measure this machine and return its profile (not yet saved)."""
+    report = progress or (lambda fraction, message: None)
+    os.environ["TVM_NUM_THREADS"] = str(os.cpu_count() or 1)  # the pool must have a thread per core
+    start = time.perf_counter()
+    hw = host(calibrated=False)
+    vector_bytes, cores = hw.vector_bytes, hw.cores
+    lanes = vector_bytes // 4
+    l1 = hw.levels[1].capacity_bytes if len(hw.levels) > 1 else 32768
+    k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
+    counts = sorted({1, cores})
+    steps = len(counts) * (2 + len(hw.levels)) + 1
+    done = 0
+
+    def step(message: str) -> None:
+        nonlocal done
+        report(done / steps, message)
+        done += 1
+
+    peak, registers, stream = {}, {}, {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
+    for threads in counts:
+        runs = []
+        for rows, vectors in LOADS:
+            step(f"micro-kernel {rows}x{vectors} vectors on {threads} core(s)")
+            runs.append(micro_kernel_seconds(threads, rows, vectors, lanes, k))
+        peak[threads], registers[threads] = fit_peak_and_registers(*runs, lanes, vector_bytes)
+        for name in stream:
+            step(f"streaming from {name} on {threads} core(s)")
+            if name == "memory":
+                size = 4 * hw.levels[-1].capacity_bytes // threads
+            else:
+                size = next(lv.capacity_bytes for lv in hw.levels if lv.name == name) // 2
+                if name == hw.levels[-1].name:
+                    size //= threads  # the last level is shared
+            stream[name][threads] = stream_bandwidth(threads, size, lanes)
+    step("parallel regions and calls")
+    region, call = region_and_call_seconds(cores)
+    report(1.0, "done")
+
+    def figure(values: dict) -> Figure:
+        return Figure(one_core=values[1], all_cores=values[cores])
+
+    streams = {name: figure(v) for name, v in stream.items()}
+    names = [lv.name for lv in hw.levels]
+    fill = {names[0]: figure(registers)}
+    fill |= {name: streams[outer] for name, outer in zip(names[1:], [*names[2:], "memory"])}
+    return Profile(
+        key=host_key(hw), cpu=_cpu_model(), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(registers),
+        stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
+    )
+
+
+def calibrate_and_save(progress: Progress | None = None) -> tuple[Profile, str]:
+    profile = calibrate(progress)
+    return profile, str(save_profile(profile))

@@ -1,0 +1,138 @@
+"""Model fidelity: predicted against measured time over many plans of one workload.
+
+    chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host]
+
+For each workload: the returned plan, its alternatives and random feasible
+plans (nested legal tiles that fit, random orders), each built with the
+LLVM backend and timed in this process (median of >= 10 runs). Prints per
+workload the Spearman rank correlation of predicted against measured time,
+how far the returned plan is from the fastest measured one, and the model's
+error on the returned plan. Run it with real-time priority (chrt) on a
+shared machine, or quiet: the timings are what the table reports.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from solve_times import table  # noqa: E402
+
+WORKLOADS = {
+    "gemm-1024": ("gemm", {"m": 1024, "n": 1024, "k": 1024}),
+    "gemm-1000": ("gemm", {"m": 1000, "n": 1000, "k": 1000}),
+    "gemm-127x251x509": ("gemm", {"m": 127, "n": 251, "k": 509}),
+    "gemm-197x2304x768": ("gemm", {"m": 197, "n": 2304, "k": 768}),
+    "gemm-decode-8x4096x1024": ("gemm", {"m": 8, "n": 4096, "k": 1024}),
+    "vit-attention-197": ("gemm-chain", {"b": 12, "m": 197, "l": 197, "k": 64, "n": 64}),
+    "bert-attention-384": ("gemm-chain", {"b": 12, "m": 384, "l": 384, "k": 64, "n": 64}),
+}
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def random_plan(space, rng):
+    """A random plan the backend can emit: nested legal tiles that fit, random orders."""
+    w, n = space.workload, space.n_levels
+    for _ in range(10_000):
+        tiles, parent = [None] * n, dict(w.dims)
+        for j in reversed(range(n)):
+            t = {}
+            for x in space.loops:
+                c = space.candidates[x]
+                ok = c[space.legal(x, c, parent[x], j)]
+                t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
+            if space.usage(j, t) > space.hardware.levels[j].capacity_bytes:
+                break
+            tiles[j], parent = t, t
+        else:
+            orders = [list(space.orders[rng.randrange(len(space.orders))]) for _ in range(n)]
+            return orders, tiles
+    raise RuntimeError("no random feasible plan found")
+
+
+def candidate_plans(w, hw, n_plans: int, rng, time_limit: float = 10.0):
+    """The returned plan, its alternatives (up to half of n_plans) and random feasible plans."""
+    from cachetile import make_plan, tune
+    from cachetile.optimizer.space import Space
+
+    result = tune(w, hw, time_limit=time_limit, top=n_plans // 2)
+    plans = [result.plan, *result.alternatives]
+    space = Space(w, hw)
+    seen = {_key(p) for p in plans}
+    while len(plans) < n_plans:
+        orders, tiles = random_plan(space, rng)
+        plan = make_plan(w, hw, orders, tiles)
+        if _key(plan) not in seen:
+            seen.add(_key(plan))
+            plans.append(plan)
+    return plans
+
+
+def _key(plan):
+    return tuple((tuple(lp.order), tuple(lp.tile.items())) for lp in plan.levels)
+
+
+def measure_plans(w, hw, plans, repeat: int = 10):
+    """Median seconds of each plan's kernel, all on the same inputs."""
+    from cachetile.backends.base import get_backend
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
+
+    llvm = get_backend("llvm")
+    args = kernel_args(w, random_inputs(w))
+    return [time_kernel(llvm.build(w, hw, p).lib.mod, args, repeat) for p in plans]
+
+
+def fidelity_rows(names, hw, n_plans: int, seed: int = 0):
+    from scipy.stats import spearmanr
+
+    from cachetile import builtin
+
+    rows = []
+    for name in names:
+        kind, dims = WORKLOADS[name]
+        w = builtin(kind, dims)
+        log(f"fidelity: {name}")
+        plans = candidate_plans(w, hw, n_plans, random.Random(seed))
+        measured = measure_plans(w, hw, plans)
+        predicted = [p.predicted_seconds for p in plans]
+        rho = spearmanr(predicted, measured).statistic
+        fastest = min(measured)
+        rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}",
+                     f"{measured[0] / fastest:.3f}", f"{predicted[0] * 1e3:.3f}",
+                     f"{w.flops / measured[0] / 1e9:.0f}"))
+    return rows
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--hardware", default="host")
+    ap.add_argument("--plans", type=int, default=20)
+    args = ap.parse_args()
+
+    from cachetile import hardware_from
+    from cachetile.backends.llvm_build import use_all_cores
+    from cachetile.backends.llvm_measure import cpu_name
+
+    hw = hardware_from(args.hardware)
+    use_all_cores(hw)
+    print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
+          f"hardware {hw.name}: {hw.source or ''}\n")
+    rows = fidelity_rows(args.workloads, hw, args.plans)
+    print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest", "predicted ms",
+                 "returned GFLOP/s"), rows))
+    rhos = [float(r[2]) for r in rows]
+    print(f"\nworst Spearman {min(rhos):.2f}; worst returned/fastest {max(float(r[5]) for r in rows):.3f}; "
+          f"geomean returned/fastest {math.exp(sum(math.log(float(r[5])) for r in rows) / len(rows)):.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,150 @@
+"""What the CPU kernel spends beside the streaming the DV model describes.
+
+The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
+
+- packing copies: each input is copied into its packed buffer at the key-slice
+  models/caches.py gives it, once per iteration of the loops around it (the
+  fills), reading the source array where it lives and writing the buffer;
+- an output that must resume from its running sum across a reduction loop
+  accumulates in a contiguous buffer of its block, or in place, zeroed first by
+  a pass of its own when it is the kernel's output (models/caches.output_plan);
+- parallel regions: the parallel loop is entered once per iteration of the
+  loops around it (in a fused chain, a producer's own parallel loop sits inside
+  the consumer's serial loops), each entry costing the thread pool's wake-up;
+- the call itself.
+
+These run between the FMA loops, not under them, so their times add to the
+plan's instead of overlapping it. Copies inside the parallel loop (or at the
+root, where the copy is itself parallel) share the cores; one above it runs on
+one core. A copy streams at the fill bandwidth of the level inside the one
+that holds what it reads (the whole source array) or writes (its buffer).
+
+Scalar plans only (tiles as ints): solvers evaluate it once per plan, where
+all levels but the register tile's are fixed.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from .caches import effective_tiles, input_caches, outer_shared, output_plan, trips, walk
+from .costmodel import parallel_candidates, parallel_loops
+from .hardware import Hardware
+from .workload import Workload
+
+
+@dataclass
+class KernelCosts:
+    seconds: float = 0.0  # serial: copies, zeroing, cropping, parallel regions, the call
+    copy_bytes: list[float] = field(default_factory=list)  # per level: bytes packing copies write into its buffers
+    regions: float = 0.0  # parallel loops entered per call
+    copy_seconds: float = 0.0
+    # (tensor, level it is packed at, bytes copied, bytes of its buffer)
+    copies: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
+    # once, bytes written back from its buffer)
+    outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
+
+
+def stream_bandwidth(hardware: Hardware, nbytes: float) -> float:
+    """Bytes/s of streaming `nbytes`: the fill bandwidth of the level inside the smallest level
+    that holds them (the outermost level's, from memory, when none does)."""
+    levels = hardware.levels
+    home = next((i for i, lv in enumerate(levels) if lv.capacity_bytes >= nbytes), len(levels))
+    return levels[max(home - 1, 0)].bandwidth_bytes_per_s if home < len(levels) else levels[-1].bandwidth_bytes_per_s
+
+
+def _prod(values) -> float:
+    return float(math.prod(values))
+
+
+def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> KernelCosts:
+    """The serial costs of one plan (orders and tiles innermost level first, scalars)."""
+    orders = [list(o) for o in orders]
+    tiles = [{x: int(t[x]) for x in workload.dims} for t in tiles]
+    padded, eff = effective_tiles(workload, tiles)
+    cores, elem = hardware.cores, workload.elem_bytes
+    parallel = _parallel_positions(workload, orders, tiles, cores)
+    costs = KernelCosts(copy_bytes=[0.0] * len(tiles))
+    copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
+    for site in copies:
+        op = next(o for o in workload.ops if o.name == site.op)
+        positions = walk(workload, orders, op)
+        index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
+        if site.key is None:
+            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), cores
+        else:
+            above = positions[: positions.index(site.key) + 1]
+            fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(ix.span(eff[site.level]) for ix in index)
+            shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
+        nbytes = fills * block * elem
+        costs.copy_bytes[site.level] += nbytes
+        costs.copies.append((site.tensor, site.level, nbytes, block * elem))
+        source = workload.size(site.tensor) * elem
+        seconds = nbytes / stream_bandwidth(hardware, source) + nbytes / stream_bandwidth(hardware, block * elem)
+        costs.copy_seconds += seconds * cores / shared
+    for op in workload.ops:
+        plan = output_plan(workload, orders, op, eff, padded)
+        if not plan or workload.tensors[op.output].role != "output":
+            continue
+        out = workload.tensors[op.output].dims
+        size = _prod(padded[x] for x in out) * elem
+        if plan.holder is None:  # zeroed in place, a pass over the whole output
+            costs.outputs.append((op.output, size, size, 0.0))
+            costs.copy_seconds += size / stream_bandwidth(hardware, size)
+        else:  # zeroed block by block in its buffer, then each block written back to the array
+            positions = walk(workload, orders, op)
+            under = positions[positions.index(plan.holder) + 1:]
+            block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
+            costs.outputs.append((op.output, size, block, size))
+            costs.copy_seconds += size / stream_bandwidth(hardware, block) + 2 * size / stream_bandwidth(hardware, size)
+    costs.regions = _regions(workload, orders, eff, padded, parallel, sum(site.key is None for site in copies))
+    costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
+    return costs
+
+
+def _extent_under(x: str, under: list, tiles, padded) -> int:
+    """How much of loop x the positions `under` (a walk's tail) iterate: the tile of the level
+    above the outermost of them walking x (the register tile when none does)."""
+    j = max((level for y, level in under if y == x), default=-1)
+    return tiles[j + 1][x] if j + 1 < len(tiles) else padded[x]
+
+
+def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
+    """Per op, the position the backend runs in parallel (costmodel.parallel_loops) and whether
+    the op enters it itself (a chain's producer may run inside the consumer's parallel loop)."""
+    if cores < 2:
+        return {}
+    picked = {}
+    consumer = workload.ops[-1]
+    loops = parallel_loops(workload, orders, tiles, cores)
+    index, count = loops[-1]
+    if int(index) >= 0 and int(count) >= 2:
+        picked[consumer.name] = (parallel_candidates(workload, orders, consumer)[int(index)], True)
+    for op, (index, count) in zip(workload.ops[:-1], loops[:-1]):
+        if int(index) >= 0 and int(count) >= 2:
+            picked[op.name] = (parallel_candidates(workload, orders, op)[int(index)], True)
+        elif int(index) < 0 and consumer.name in picked:
+            picked[op.name] = (picked[consumer.name][0], False)
+    return picked
+
+
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_copies: int) -> float:
+    """Parallel loops entered per call: per op, the iterations of the loops around its parallel
+    loop, and again around its zeroing when that is split off above the parallel loop (the
+    zeroing nest repeats it); plus one per copy made at the root, which is parallel itself."""
+    total = float(root_copies) if parallel else 0.0
+    for op in workload.ops:
+        position, own = parallel.get(op.name, (None, False))
+        if not own:
+            continue
+        plan = output_plan(workload, orders, op, tiles, padded)
+        positions = walk(workload, orders, op)
+        if plan is not None:  # the order the kernel runs them in (one-trip loops may have moved)
+            top = len(tiles) - 1
+            positions = [p for p in positions if outer_shared(workload, op, p, top)] + plan.owned
+        around = lambda p: _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(p)])  # noqa: E731
+        total += around(position)
+        if plan is not None and positions.index(plan.start) < positions.index(position):
+            total += around(plan.start)
+    return total

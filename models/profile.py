@@ -1,0 +1,83 @@
+"""Calibration profiles: what `tune hardware host --calibrate` measured on this machine.
+
+A profile is a JSON file in the user's cache directory
+($XDG_CACHE_HOME/cachetile/profiles, else ~/.cache/cachetile/profiles;
+$CACHETILE_PROFILES overrides), named by a key made of the CPU model, the
+core count, the vector width and the cache sizes, so a profile is only ever
+applied to the machine it was measured on. The `host` preset applies the
+profile when one exists (models/hardware.host); without one, its figures are
+the documented assumptions.
+"""
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from .errors import InvalidInput
+
+
+class Figure(BaseModel):
+    """One quantity measured on one core and on all cores."""
+
+    one_core: float
+    all_cores: float
+
+
+class Profile(BaseModel):
+    key: str = Field(description="CPU model, cores, vector width and caches this profile was measured on")
+    cpu: str
+    created: str = Field(description="when it was measured (ISO 8601, UTC)")
+    seconds: float = Field(description="how long the calibration took")
+    cores: int
+    peak_flops: Figure = Field(description="FLOP/s the emitted micro-kernel reaches with its data in L1")
+    register_bandwidth: Figure = Field(description="bytes/s of register loads, fitted with peak_flops "
+                                                   "from two micro-kernels with different loads per FMA")
+    stream_bandwidth: dict[str, Figure] = Field(
+        description="bytes/s of streaming reads over a working set that lives in each level (or memory)")
+    fill_bandwidth: dict[str, Figure] = Field(
+        description="per level name, bytes/s of the link filling it: the stream from the next level out "
+                    "(memory for the outermost); for the registers, register_bandwidth")
+    parallel_region_seconds: float = Field(description="cost of entering one parallel loop (TVM's thread pool)")
+    call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
+
+
+def profile_dir() -> Path:
+    env = os.environ.get("CACHETILE_PROFILES")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "cachetile" / "profiles"
+
+
+def machine_key(cpu: str, cores: int, vector_bytes: int | None, caches: list[tuple[str, int]]) -> str:
+    """A file-name-safe key: CPU model, cores, vector width, cache sizes."""
+    parts = [re.sub(r"[^a-z0-9]+", "-", cpu.lower()).strip("-") or "cpu", f"{cores}c", f"v{vector_bytes or 0}"]
+    parts += [f"{name}-{size // 1024}k" for name, size in caches]
+    return "_".join(parts)
+
+
+def profile_path(key: str) -> Path:
+    return profile_dir() / f"{key}.json"
+
+
+def load_profile(key: str) -> Profile | None:
+    """The profile stored for this key, or None (also when the file is unreadable or stale)."""
+    path = profile_path(key)
+    try:
+        profile = Profile.model_validate_json(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return profile if profile.key == key else None
+
+
+def save_profile(profile: Profile) -> Path:
+    path = profile_path(profile.key)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(profile.model_dump_json(indent=2) + "\n")
+    except OSError as exc:
+        raise InvalidInput(f"cannot write the profile {path}: {exc.strerror or exc}") from None
+    return path

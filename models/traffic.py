@@ -1,0 +1,36 @@
+"""The traffic a CPU kernel is expected to cause at each level: Accera's DV plus what the
+kernel adds (models/kernel_costs.py), for comparison with a cache simulator.
+
+dv_bytes counts the refills of the blocks the FMA loops read. The kernel also
+copies each packed input: the copy at level L reads the source through every
+level inside L (misses there) and writes its buffer, whose lines are fetched
+for ownership at every level up to L (write-allocate). Where the buffer fits a
+level (its usable share, targets/simd_cpu.py), the lines the copy brought in are
+still there when the FMA loops first read them: those first fills are not
+paid twice. An output accumulated across a reduction is zeroed first (missing
+wherever the block zeroed at once does not fit) and, from its buffer, written
+back into the array, whose lines are fetched for ownership at every level.
+"""
+from __future__ import annotations
+
+from .costmodel import data_volume
+from .hardware import Hardware
+from .kernel_costs import kernel_costs
+from .workload import Workload
+
+
+def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> list[float]:
+    """Bytes moved into each level (innermost first) by one call of the kernel."""
+    dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
+    costs = kernel_costs(workload, hardware, orders, tiles)
+    target = hardware.target
+    for tensor, level, nbytes, buffer in costs.copies:
+        mine = data_volume(workload, orders, tiles, hardware=hardware, only={tensor})
+        for j in range(1, level + 1):
+            fits = buffer <= target.usable_bytes(hardware.levels[j])
+            credit = min(float(mine[j]), nbytes) if fits and j < level else 0.0
+            dv[j] += nbytes * (2 if j < level else 1) - credit
+    for _, zeroed, block, written in costs.outputs:
+        for j in range(1, len(dv)):
+            dv[j] += written + (zeroed if block > target.usable_bytes(hardware.levels[j]) else 0.0)
+    return dv

@@ -1,0 +1,81 @@
+"""Calibration: the profile store, the host preset that applies it, the fit, and a real run."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from cachetile.api.report import format_hardware
+from cachetile.backends.calibrate import LOADS, fit_peak_and_registers
+from cachetile.models.hardware import host, host_key
+from cachetile.models.profile import Figure, Profile, load_profile, save_profile
+
+
+def _profile(key: str) -> Profile:
+    hw = host(calibrated=False)
+    fill = {lv.name: Figure(one_core=1e11 * (i + 1), all_cores=2e11 * (i + 1)) for i, lv in enumerate(hw.levels)}
+    return Profile(key=key, cpu="test cpu", created="2026-11-23T12:00:00+00:00", seconds=4.2, cores=hw.cores,
+                   peak_flops=Figure(one_core=2.5e11, all_cores=5e11), register_bandwidth=fill[hw.levels[0].name],
+                   stream_bandwidth={"L1": Figure(one_core=4e11, all_cores=8e11)}, fill_bandwidth=fill,
+                   parallel_region_seconds=1.5e-6, call_seconds=2e-8)
+
+
+def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
+    monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))
+    assumed = host()
+    assert assumed.calibrated is None and "assumed figures" in format_hardware(assumed)
+    key = host_key(assumed)
+    save_profile(_profile(key))
+    hw = host()
+    assert hw.calibrated == "2026-11-23T12:00:00+00:00" and hw.peak_flops == 5e11
+    assert [lv.bandwidth_bytes_per_s for lv in hw.levels] == [2e11 * (i + 1) for i in range(len(hw.levels))]
+    assert (hw.parallel_region_seconds, hw.call_seconds) == (1.5e-6, 2e-8)
+    assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
+    assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
+    assert host(calibrated=False) == assumed
+    # A profile measured elsewhere (another key) is never applied, nor is an unreadable file.
+    (tmp_path / f"{key}.json").write_text(_profile("other-machine").model_dump_json())
+    assert load_profile(key) is None and host().calibrated is None
+    (tmp_path / f"{key}.json").write_text("{not json")
+    assert load_profile(key) is None
+
+
+def test_peak_and_register_bandwidth_are_recovered_from_two_micro_kernels():
+    """Times made from a known peak and register bandwidth by the model's own formula
+    (seconds = flops / peak + load bytes / bandwidth) give them back."""
+    peak, bandwidth, vector_bytes = 4.8e11, 3e12, 64
+    runs = []
+    for (rows, vectors), loads in LOADS.items():
+        steps = 1000
+        flops = 2.0 * rows * vectors * 16 * steps
+        runs.append((flops / peak + loads * vector_bytes * steps / bandwidth, flops, steps))
+    got_peak, got_bw = fit_peak_and_registers(*runs, 16, vector_bytes)
+    assert got_peak == pytest.approx(peak, rel=1e-9) and got_bw == pytest.approx(bandwidth, rel=1e-9)
+    # Loads that cost nothing measurable (fully overlapped) leave the peak alone.
+    free = [(f / peak, f, k) for _, f, k in runs]
+    assert fit_peak_and_registers(*free, 16, vector_bytes)[0] == pytest.approx(peak, rel=1e-9)
+
+
+def test_calibrate_from_the_command_line(tmp_path):
+    env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
+    tune = [sys.executable, "-m", "cachetile.api.cli"]
+    done = subprocess.run([*tune, "hardware", "host", "--calibrate", "--json"], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    profile = Profile.model_validate(json.loads(done.stdout))
+    assert profile.seconds < 60
+    stored = list(tmp_path.glob("*.json"))
+    assert [p.stem for p in stored] == [profile.key]
+    figures = [profile.peak_flops.one_core, profile.peak_flops.all_cores, profile.parallel_region_seconds,
+               profile.call_seconds] + [f.all_cores for f in profile.fill_bandwidth.values()]
+    assert all(np.isfinite(v) and v > 0 for v in figures)
+    # Streams from memory are slower than streams from L1, and more cores reach more FLOP/s.
+    assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
+    assert profile.peak_flops.all_cores >= profile.peak_flops.one_core
+    shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)
+    assert f"(calibrated on {profile.created})" in shown.stdout.splitlines()[0]
+    bad = subprocess.run([*tune, "hardware", "h100", "--calibrate"], capture_output=True, text=True, env=env, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.strip() == (
+        "tune: error: --calibrate measures this machine: use `tune hardware host --calibrate` (got 'h100')")

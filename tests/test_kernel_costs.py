@@ -1,0 +1,70 @@
+"""The kernel's own costs (models/kernel_costs.py) against the TensorIR the backend emits:
+every packing copy's bytes and every parallel region entered, counted by walking the IR."""
+import pytest
+from tir_walk import block_runs, parallel_entries
+
+from cachetile import builtin, make_plan, preset, tune
+from cachetile.backends.llvm_build import build
+from cachetile.models.kernel_costs import kernel_costs
+from cachetile.models.hardware import Hardware, Level
+
+HOST = preset("host")
+CASES = [
+    ("gemm", {"m": 1000, "n": 1000, "k": 1000}),
+    ("gemm", {"m": 127, "n": 251, "k": 509}),
+    ("gemm", {"m": 8, "n": 4096, "k": 1024}),
+    ("batch-gemm", {"b": 3, "m": 31, "n": 67, "k": 19}),
+    ("gemm-chain", {"b": 3, "m": 197, "l": 197, "k": 64, "n": 64}),
+    ("gemm-chain", {"m": 37, "l": 53, "k": 13, "n": 11}),
+]
+
+
+@pytest.mark.parametrize("kind,dims", CASES, ids=[f"{k}-{'x'.join(map(str, d.values()))}" for k, d in CASES])
+def test_copies_and_parallel_regions_are_what_the_kernel_runs(kind, dims):
+    w = builtin(kind, dims)
+    result = tune(w, HOST, time_limit=3, top=2)
+    for plan in [result.plan, *result.alternatives]:
+        orders, tiles = [lp.order for lp in plan.levels], [lp.tile for lp in plan.levels]
+        costs = kernel_costs(w, HOST, orders, tiles)
+        body = build(w, HOST, plan).emitted.schedule.mod["main"].body
+        runs = block_runs(body)
+        copied = {}
+        for tensor, _, nbytes, _ in costs.copies:
+            copied[tensor] = copied.get(tensor, 0) + nbytes
+        emitted = {}
+        for name, count in runs.items():  # A_global copies A; A_pad_global copies A's zero-padded view
+            tensor = name.removesuffix("_global").removesuffix("_pad")
+            if name.endswith("_global") and w.tensors.get(tensor) and w.tensors[tensor].role == "input":
+                emitted[tensor] = emitted.get(tensor, 0) + count * w.elem_bytes
+        assert emitted == copied
+        assert costs.regions == parallel_entries(body)
+
+
+def test_serial_seconds_add_to_the_overlapped_time():
+    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e12),
+              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
+              Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=2e11, ways=16)]
+    hw = Hardware(name="cpu", levels=levels, peak_flops=4e11, cores=2, vector_bytes=64,
+                  parallel_region_seconds=2e-6, call_seconds=1e-6)
+    w = builtin("gemm-chain", {"m": 128, "l": 128, "k": 64, "n": 64})
+    plan = tune(w, hw, time_limit=3, top=0).plan
+    orders, tiles = [lp.order for lp in plan.levels], [lp.tile for lp in plan.levels]
+    costs = kernel_costs(w, hw, orders, tiles)
+    assert costs.seconds == pytest.approx(costs.copy_seconds + costs.regions * 2e-6 + 1e-6, rel=1e-12)
+    assert plan.serial_seconds == pytest.approx(costs.seconds, rel=1e-12)
+    quiet = hw.model_copy(update={"parallel_region_seconds": 0.0, "call_seconds": 0.0})
+    again = make_plan(w, quiet, orders, tiles)
+    assert plan.predicted_seconds - again.predicted_seconds == pytest.approx(costs.regions * 2e-6 + 1e-6, rel=1e-6)
+    assert [lp.copy_bytes for lp in plan.levels] == costs.copy_bytes
+
+
+def test_tiles_leave_room_in_set_associative_caches():
+    """A W-way level may be filled to 1 - 4/W (never under half): 12-way L1 2/3, 16-way 3/4."""
+    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e12),
+              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
+              Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=2e11, ways=16),
+              Level(name="L3", capacity_bytes=1 << 22, bandwidth_bytes_per_s=1e11, ways=4)]
+    hw = Hardware(name="cpu", levels=levels, peak_flops=4e11, vector_bytes=64)
+    assert [hw.target.usable_bytes(lv) for lv in levels] == [2048, 32768, 786432, 1 << 21]
+    plan = tune(builtin("gemm", {"m": 256, "n": 256, "k": 256}), hw, time_limit=3, top=0).plan
+    assert all(lp.mu_bytes <= hw.target.usable_bytes(lv) for lp, lv in zip(plan.levels, levels))
