@@ -132,11 +132,11 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
             sch.compute_at(cache, nests.get(op, site.key), preserve_unit_loops=True)
         if site.layout is None:  # an affine input's window: TensorIR's compact row-major region
             _vectorize(sch, sch.get_loops(cache)[-1], lanes)
-            if site.key is None:
+            if site.key is None and cores > 1:
                 sch.parallel(sch.get_loops(cache)[0])
         else:
             sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=site.key is None)
+            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
         if double_buffer and site.key is not None:
             pipelined.append((cache, nests.get(op, site.key)))
 
