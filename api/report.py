@@ -33,12 +33,14 @@ def format_table(result: TuneResult) -> str:
     """The human-readable report: per level the order, tiles, DV, MU against capacity and share of time."""
     w, hw, plan = result.workload, result.hardware, result.plan
     dims = " ".join(f"{x}={e}" for x, e in w.dims.items())
+    peak = hw.target.peak_flops(w)
+    cores = f", {plan.launch.tensor_cores}" if plan.launch is not None and plan.launch.tensor_cores else ""
     lines = [
-        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(hw.peak_flops, 'FLOP/s')})",
+        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(peak, 'FLOP/s')}{cores})",
         f"solver {result.solver.name}: {result.solver.status} in {result.solver.seconds:.2f} s, "
         f"{result.solver.evaluated} evaluated",
         f"predicted {_seconds(plan.predicted_seconds)}, bound by {plan.bottleneck} "
-        f"(compute alone {_seconds(w.flops / hw.peak_flops)})",
+        f"(compute alone {_seconds(w.flops / peak)})",
         "",
     ]
     rows = [("level", "order", "tile", "DV", "MU / capacity", "time share")]
@@ -64,6 +66,9 @@ def format_table(result: TuneResult) -> str:
 def format_hardware(hw: Hardware) -> str:
     state = f"calibrated on {hw.calibrated}" if hw.calibrated else "assumed figures" if hw.kind == "cpu" else "published figures"
     lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')} ({state})"]
+    if hw.gpu is not None and hw.gpu.tensor_flops:
+        peaks = ", ".join(f"{d} {_si(v, 'FLOP/s')}" for d, v in hw.gpu.tensor_flops.items())
+        lines.append(f"  tensor cores ({hw.gpu.arch or 'arch not given'}): {peaks}")
     for lv in hw.levels:
         lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
     if hw.parallel_region_seconds or hw.call_seconds:

@@ -5,6 +5,15 @@ writes plan.json, schedule.py (rebuilds kernel.cu from the unscheduled
 TensorIR plus the schedule trace), kernel.cu and launch.json: per kernel, in
 launch order, its name, grid, block, dynamic shared-memory bytes and argument
 order (row-major arrays, `workload.signature` names).
+
+Tensor-core plans (backends/cuda_tc.py) build with TVM's async-copy pass on
+(cp.async), and report the dynamic shared memory TVM actually allocates: its
+merged layout overlaps buffers whose lifetimes do not meet (the output's
+staging tile reuses the copies' ring), so it is read from the IR right after
+MergeSharedMemoryAllocations. A chain builds through a pipeline that runs
+LowerWarpMemory repeatedly: TVM 0.27 lowers only the first warp-scope buffer of
+a statement sequence per run, which left the second accumulator as a
+whole-warp array in local memory (thousands of bytes of stack).
 """
 from __future__ import annotations
 
@@ -16,13 +25,14 @@ from pathlib import Path
 
 import tvm
 
-from ..models.errors import InvalidInput
+from ..models.errors import BuildFailed, InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import TuneResult
 from ..models.workload import Workload
 from .base import Built, Emitted, have, run_checked
 from .cuda import ARCHES
 from .cuda_emit import emit_cuda
+from .cuda_tc import check_arch, emit_tensor_cores, primfunc as tc_primfunc
 from .llvm_build import rebuild_script
 
 _KERNEL = re.compile(r'extern "C" __global__ void __launch_bounds__\((\d+)\) (\w+)\(([^)]*)\)\s*\{')
@@ -66,6 +76,12 @@ def _launches(source: str, emitted: Emitted, workload: Workload, shared_bytes: i
 def build_cuda(workload: Workload, hardware: Hardware, plan, arch: str = "sm_90") -> Built:
     """Emit the plan's schedule and generate CUDA source for `arch` (`Built.source`, `Built.launches`)."""
     start = time.perf_counter()
+    if plan.launch is not None and plan.launch.tensor_cores:
+        check_arch(plan, arch)
+        emitted = emit_tensor_cores(workload, hardware, plan)
+        source, smem = generate_tensor_core_source(emitted.schedule.mod, arch, emitted.launch["chain"])
+        launches = _tensor_core_launch(source, emitted, workload, smem)
+        return Built(None, emitted, time.perf_counter() - start, source=source, launches=launches)
     emitted = emit_cuda(workload, hardware, plan)
     target = tvm.target.Target(cuda_target(arch))
     mod = tvm.IRModule({"main": emitted.schedule.mod["main"].with_attr("target", target)})
@@ -77,8 +93,88 @@ def build_cuda(workload: Workload, hardware: Hardware, plan, arch: str = "sm_90"
     return Built(None, emitted, time.perf_counter() - start, source=source, launches=launches)
 
 
+@tvm.instrument.pass_instrument
+class _MergedShared:
+    """Reads the merged dynamic shared allocation right after MergeSharedMemoryAllocations."""
+
+    def __init__(self):
+        self.bytes = 0
+
+    def run_after_pass(self, mod, info):
+        if info.name.endswith("MergeSharedMemoryAllocations"):
+            sizes = re.findall(r'buf_dyn_shmem = T\.alloc_buffer\(\((\d+),\), "uint8", scope="shared\.dyn"\)', mod.script())
+            self.bytes = max([int(b) for b in sizes], default=0)
+
+
+WARP_PIPELINE = "cachetile_all_warp_buffers"
+_WARP_LOWERINGS = 32  # more than the fragment buffers a kernel has (pipeline prologues copy some)
+
+
+def _register_warp_pipeline() -> None:
+    """TVM's default s_tir pipeline with LowerWarpMemory run _WARP_LOWERINGS times (already
+    lowered buffers are local and skipped); see the module docstring."""
+    from tvm.s_tir.pipeline import default_s_tir_pipeline
+    from tvm.tirx import compilation_pipeline
+
+    if WARP_PIPELINE in compilation_pipeline.PIPELINE_MAP:
+        return
+
+    def factory():
+        pipeline, host, _ = default_s_tir_pipeline()
+
+        def device():
+            t = tvm.tirx.transform
+            return tvm.ir.transform.Sequential([t.LowerWarpMemory()] * _WARP_LOWERINGS + [t.StmtSimplify(), t.LowerIntrin()])
+
+        return pipeline, host, device
+
+    compilation_pipeline.register_tir_pipeline(WARP_PIPELINE, factory)
+
+
+def generate_tensor_core_source(mod, arch: str, chain: bool) -> tuple[str, int]:
+    """CUDA source of a tensor-core schedule and its dynamic shared bytes (TVM's merged layout)."""
+    target = tvm.target.Target(cuda_target(arch))
+    mod = tvm.IRModule({"main": mod["main"].with_attr("target", target)})
+    config = {"tirx.use_async_copy": True}  # InjectPTXAsyncCopy: the pipelined copies become cp.async
+    options = {}
+    if chain:
+        # CommonSubexprElim would bind threadIdx.x * 8 to a variable before the repeated
+        # LowerWarpMemory, which then finds no threadIdx.x in the ldmatrix offsets and fails.
+        config["tirx.disable_cse_tir"] = True
+        _register_warp_pipeline()
+        options["tir_pipeline"] = WARP_PIPELINE
+    probe = _MergedShared()
+    with tvm.transform.PassContext(config=config, instruments=[probe]):
+        lib = tvm.compile(mod, target=target, **options)
+    return lib.mod.imports[0].inspect_source(), probe.bytes
+
+
+def _tensor_core_launch(source: str, emitted: Emitted, workload: Workload, shared_bytes: int) -> list[dict]:
+    """The one kernel of a tensor-core schedule: grid, block (32 lanes x warps), shared bytes,
+    arguments by the workload's names."""
+    kernels = _KERNEL.findall(source)
+    launch = emitted.launch
+    if len(kernels) != 1 or int(kernels[0][0]) != launch["threads"]:
+        raise BuildFailed(f"expected one kernel of {launch['threads']} threads, TVM generated {len(kernels)}")
+    by_tir = {v: k for k, v in launch["names"].items()}
+    threads, name, params = kernels[0]
+    args = [by_tir[re.sub(r"_ptr$", "", p.split()[-1])] for p in params.split(",") if p.strip()]
+    return [{"name": name, "grid": [launch["blocks"], 1, 1], "block": launch["block"],
+             "dynamic_shared_bytes": shared_bytes, "args": args}]
+
+
 def schedule_script(workload: Workload, emitted: Emitted, arch: str) -> str:
     """A standalone Python script that rebuilds this schedule and writes kernel.cu."""
+    if "names" in emitted.launch:  # tensor cores: cachetile's intrinsics and build settings
+        main = f'''    from cachetile.backends.cuda_build import generate_tensor_core_source
+
+    source, _ = generate_tensor_core_source(sch.mod, {arch!r}, chain={emitted.launch["chain"]})
+    with open(out, "w") as f:
+        f.write(source)'''
+        prelude = ("from cachetile.backends.cuda_intrin import register_all\n\n"
+                   "register_all()  # the bfloat16 and cast intrinsics the trace names")
+        return rebuild_script(workload, emitted.padded, emitted.schedule, "kernel.cu", main,
+                              func=tc_primfunc(workload, emitted.launch["names"]), prelude=prelude)
     main = f'''    lib = tvm.compile(sch.mod, target=tvm.target.Target({cuda_target(arch)!r}))
     with open(out, "w") as f:
         f.write(lib.mod.imports[0].inspect_source())'''

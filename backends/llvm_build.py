@@ -42,10 +42,11 @@ def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: boo
     return Built(lib, emitted, time.perf_counter() - start)
 
 
-def rebuild_script(workload: Workload, padded, schedule, output: str, main: str) -> str:
-    """A standalone script: the unscheduled TensorIR, the schedule trace, then `main`
-    (the body under __main__, which writes `output`)."""
-    module = tvm.IRModule({"main": primfunc(workload, padded)}).script()
+def rebuild_script(workload: Workload, padded, schedule, output: str, main: str, func=None, prelude: str = "") -> str:
+    """A standalone script: the unscheduled TensorIR (`func`, default tensorir.primfunc), the
+    schedule trace, then `main` (the body under __main__, which writes `output`); `prelude`
+    runs after the imports."""
+    module = tvm.IRModule({"main": func if func is not None else primfunc(workload, padded)}).script()
     module = "\n".join(line[2:] if line.startswith("# from tvm.script") else line for line in module.splitlines())
     steps = "\n".join(schedule.trace.as_python())
     return f'''"""Rebuild the cachetile schedule for {workload.kind} {workload.dims} and write {output}.
@@ -58,7 +59,7 @@ import os
 import sys
 
 import tvm
-{module}
+{prelude + chr(10) if prelude else ""}{module}
 
 sch = tvm.s_tir.Schedule(Module)
 {steps}

@@ -392,9 +392,10 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
     the rest. Last, the target's launch_stretch (on GPUs, blocks run in waves of
     SMs x resident blocks, and too few resident warps slow the arithmetic).
     """
-    if tiles is None:
-        return np.asarray(workload.flops / hardware.peak_flops)
     target = target_for(hardware)
+    peak = target.peak_flops(workload)
+    if tiles is None:
+        return np.asarray(workload.flops / peak)
     total = 0.0
     parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
     padded = padded_extents(workload, tiles)
@@ -402,7 +403,7 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
         points = 1.0
         for x in op.loops:
             points = points * padded[x]
-        seconds = 2.0 * points / hardware.peak_flops / target.issue_efficiency(workload, op, tiles)
+        seconds = 2.0 * points / peak / target.issue_efficiency(workload, op, tiles)
         if parallel is not None:
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
 import numpy as np
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_serializer
 
 from .hardware import Hardware
 from .workload import Workload
@@ -76,6 +76,27 @@ def shared_bytes(workload: Workload, tile: Mapping[str, np.ndarray | int], stage
     return np.asarray(total) * workload.elem_bytes
 
 
+class Simt:
+    """The CUDA-core model: one thread per level-0 (thread) tile, tiles in the workload's dtype.
+    models/targets/cuda_gpu.TensorCores is the other: one warp per level-0 tile."""
+
+    tile_threads = 1  # threads per level-0 tile
+    tensor_cores = None
+
+    def registers(self, workload: Workload, tile) -> np.ndarray:
+        return registers(workload, tile)
+
+    def shared_bytes(self, workload: Workload, tile, stages: int = 1, warp_tile=None) -> np.ndarray:
+        return shared_bytes(workload, tile, stages)
+
+    def launch_fields(self, workload: Workload, tiles) -> dict:
+        """What the plan's launch adds for this model (nothing on CUDA cores)."""
+        return {}
+
+
+SIMT = Simt()
+
+
 @dataclass
 class Launch:
     """The launch a plan implies (arrays when the tiles are)."""
@@ -97,10 +118,11 @@ class Launch:
         return waves / np.minimum(1.0, warps / MIN_WARPS_PER_SM)
 
 
-def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], stages: int = 1) -> Launch:
-    """Threads, blocks, occupancy and waves of a plan (tiles innermost level first)."""
+def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], stages: int = 1, model=SIMT) -> Launch:
+    """Threads, blocks, occupancy and waves of a plan (tiles innermost level first) under
+    `model` (SIMT, or the tensor-core model of models/targets/cuda_gpu)."""
     g = hardware.gpu
-    per_op = [threads(workload, op, tiles) for op in workload.ops]
+    per_op = [threads(workload, op, tiles) * model.tile_threads for op in workload.ops]
     count = per_op[-1]
     same = np.ones(np.shape(count), dtype=bool)
     for t in per_op[:-1]:
@@ -109,8 +131,8 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     # Whole warps, unless the problem has fewer output points than a warp has threads.
     warps = (count % g.warp == 0) | (count == points)
     blocks = grid_blocks(workload, tiles[1])
-    regs = registers(workload, tiles[0])
-    smem = shared_bytes(workload, tiles[1], stages)
+    regs = model.registers(workload, tiles[0])
+    smem = model.shared_bytes(workload, tiles[1], stages, tiles[0])
     per_sm = np.minimum.reduce(np.broadcast_arrays(
         float(g.max_blocks_per_sm),
         np.floor(g.max_threads_per_sm / count),
@@ -119,7 +141,8 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     ))
     blocks = np.asarray(blocks)
     waves = np.ceil(blocks / (g.sms * np.maximum(per_sm, 1)))
-    feasible = same & warps & (count <= g.max_threads_per_block) & (per_sm >= 1)
+    fits = smem <= hardware.levels[1].capacity_bytes  # the per-block limit (level usage counts it too)
+    feasible = same & warps & (count <= g.max_threads_per_block) & (per_sm >= 1) & fits
     return Launch(count, blocks, regs, smem, per_sm, waves, feasible)
 
 
@@ -133,14 +156,27 @@ class LaunchPlan(BaseModel):
     blocks_per_sm: int
     waves: int
     stages: int = Field(description="buffers per shared-memory input cache")
+    tensor_cores: str | None = Field(None, description="tensor-core plans only: the instructions the level-0 "
+                                     "(warp) tile runs on, e.g. 'mma.sync.m16n8k16 float16 -> float32'")
+    intermediate: Literal["registers", "shared"] | None = Field(
+        None, description="tensor-core chains only: where the intermediate lives between the two products")
+
+    @model_serializer(mode="wrap")
+    def _drop_absent(self, handler):
+        # Only tensor-core plans carry these fields: CUDA-core plans read exactly as before.
+        data = handler(self)
+        for name in ("tensor_cores", "intermediate"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
-def launch_plan(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], stages: int) -> LaunchPlan:
+def launch_plan(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], stages: int, model=SIMT) -> LaunchPlan:
     """The launch of one (scalar) plan, for the plan document."""
-    g = launch(workload, hardware, tiles, stages)
+    g = launch(workload, hardware, tiles, stages, model)
     return LaunchPlan(grid_blocks=int(g.blocks), threads_per_block=int(g.threads), registers_per_thread=int(g.registers),
                       shared_bytes=int(g.shared_bytes), blocks_per_sm=int(g.blocks_per_sm), waves=int(g.waves),
-                      stages=stages)
+                      stages=stages, **model.launch_fields(workload, tiles))
 
 
 def block_has_warps(workload: Workload, hardware: Hardware, tile) -> np.ndarray:
@@ -163,13 +199,13 @@ def grid_blocks(workload: Workload, tile) -> np.ndarray:
     return np.asarray(blocks)
 
 
-def slowdown_floor(workload: Workload, hardware: Hardware, tile, stages: int = 1) -> np.ndarray:
+def slowdown_floor(workload: Workload, hardware: Hardware, tile, stages: int = 1, model=SIMT) -> np.ndarray:
     """The least Launch.slowdown any thread tile allows under (arrays of) block tiles: over
     every count of resident blocks that shared memory permits, with as many threads as
     the block's output points and the per-SM limits allow."""
     g = hardware.gpu
     blocks = grid_blocks(workload, tile)
-    most = np.minimum(g.max_blocks_per_sm, np.floor(g.shared_per_sm_bytes / np.maximum(shared_bytes(workload, tile, stages), 1.0)))
+    most = np.minimum(g.max_blocks_per_sm, np.floor(g.shared_per_sm_bytes / np.maximum(model.shared_bytes(workload, tile, stages), 1.0)))
     points = np.inf
     for op in workload.ops:
         dims = workload.tensors[op.output].dims

@@ -9,10 +9,11 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput
 from .profile import Profile, load_profile, machine_key, profile_path
+from .workload import Dtype
 
 
 # Bounds keep every figure a finite number numpy can hold (capacities are compared with int64 arrays).
@@ -42,6 +43,17 @@ class GpuLimits(BaseModel):
     max_threads_per_sm: int = Field(2048, ge=1)
     max_blocks_per_sm: int = Field(32, ge=1)
     warp: int = Field(32, ge=1)
+    arch: str | None = Field(None, pattern=r"^sm_\d+$",
+                             description="compute capability, e.g. sm_90; tensor-core kernels need sm_80 or newer")
+    tensor_flops: dict[Dtype, float] = Field(
+        {}, description="dense tensor-core peak FLOP/s per input dtype, fp32 accumulation (dtypes not listed run SIMT)")
+
+    @field_validator("tensor_flops")
+    @classmethod
+    def _finite_peaks(cls, peaks: dict) -> dict:
+        if any(not 0 < v < float("inf") for v in peaks.values()):
+            raise ValueError("tensor_flops must be finite and > 0")
+        return peaks
 
 
 class Hardware(BaseModel):
@@ -91,26 +103,29 @@ class Hardware(BaseModel):
 # 128 B/clock/SM (shared-memory bank throughput) times SMs times clock; L2 figures are
 # published microbenchmark results since NVIDIA does not state them. The register level
 # is one thread's 255-register limit, the shared level one block's limit (smem), and
-# smem_sm the per-SM pool that occupancy divides.
+# smem_sm the per-SM pool that occupancy divides. `tensor` is the dense tensor-core peak per
+# input dtype with fp32 accumulation (the whitepapers' figures without sparsity).
 _GPU = {
     "h100": dict(
         sms=132, clock=1.98e9, smem=227 * 1024, smem_sm=228 * 1024, l2=50 * 2**20, l2_bw=7.0e12, hbm=3.35e12,
-        peak=66.9e12,
+        peak=66.9e12, arch="sm_90", tensor={"float16": 989.4e12, "bfloat16": 989.4e12},
         source="NVIDIA H100 Tensor Core GPU Architecture whitepaper (SXM5: 132 SMs, 256 KB registers/SM, "
-        "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32); L2 ~7 TB/s from "
-        "Chips and Cheese's H100 microbenchmarks",
+        "227 KB shared memory per block, 50 MB L2, 3.35 TB/s HBM3, 66.9 TFLOP/s FP32, 989.4 TFLOP/s dense "
+        "FP16/BF16 tensor core); L2 ~7 TB/s from Chips and Cheese's H100 microbenchmarks",
     ),
     "a100": dict(
         sms=108, clock=1.41e9, smem=163 * 1024, smem_sm=164 * 1024, l2=40 * 2**20, l2_bw=5.1e12, hbm=2.039e12,
-        peak=19.5e12,
+        peak=19.5e12, arch="sm_80", tensor={"float16": 312e12, "bfloat16": 312e12},
         source="NVIDIA A100 Tensor Core GPU Architecture whitepaper (SXM4 80GB: 108 SMs, 256 KB registers/SM, "
-        "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32; L2 2.3x V100's)",
+        "163 KB shared memory per block, 40 MB L2, 2.039 TB/s HBM2e, 19.5 TFLOP/s FP32, 312 TFLOP/s dense "
+        "FP16/BF16 tensor core; L2 2.3x V100's)",
     ),
     "v100": dict(
         sms=80, clock=1.53e9, smem=96 * 1024, smem_sm=96 * 1024, l2=6 * 2**20, l2_bw=2.155e12, hbm=0.9e12,
-        peak=15.7e12,
+        peak=15.7e12, arch="sm_70", tensor={"float16": 125e12},
         source="NVIDIA Tesla V100 GPU Architecture whitepaper (SXM2: 80 SMs, 256 KB registers/SM, 96 KB shared "
-        "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32); L2 2155 GB/s from Jia et al., "
+        "memory per block, 6 MB L2, 900 GB/s HBM2, 15.7 TFLOP/s FP32, 125 TFLOP/s FP16 tensor core; no BF16; "
+        "sm_70 has no mma.sync m16n8k16, so cachetile runs fp16 there on CUDA cores); L2 2155 GB/s from Jia et al., "
         "'Dissecting the NVIDIA Volta GPU Architecture via Microbenchmarking' (2018)",
     ),
 }
@@ -131,7 +146,7 @@ def _gpu(name: str) -> Hardware:
         ],
         peak_flops=g["peak"],
         kind="gpu",
-        gpu=GpuLimits(sms=g["sms"], shared_per_sm_bytes=g["smem_sm"]),
+        gpu=GpuLimits(sms=g["sms"], shared_per_sm_bytes=g["smem_sm"], arch=g["arch"], tensor_flops=g["tensor"]),
         source=g["source"],
     )
 

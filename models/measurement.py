@@ -56,11 +56,12 @@ def random_inputs(workload: Workload, seed: int = 0, dtype: str | None = None) -
     if workload.dtype not in TOLERANCE:
         raise InvalidInput(f"measuring supports {', '.join(TOLERANCE)}; got {workload.dtype}")
     rng = np.random.default_rng(seed)
-    return {name: rng.standard_normal(workload.shape(name)).astype(dtype or _numpy_dtype(workload.dtype))
+    return {name: rng.standard_normal(workload.shape(name)).astype(dtype or numpy_dtype(workload.dtype))
             for name, t in workload.tensors.items() if t.role == "input"}
 
 
-def _numpy_dtype(dtype: str):
+def numpy_dtype(dtype: str):
+    """The numpy dtype of a workload dtype (bfloat16 from ml_dtypes)."""
     if dtype == "bfloat16":
         import ml_dtypes  # numpy has no bfloat16; TVM's dependency ml_dtypes provides it
 

@@ -67,7 +67,8 @@ def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
 def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
     """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
 
-    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint).
+    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint); the sweep
+    starts at the smallest capacity whose usable share (the target's) holds it.
 
     The most is the MU of the whole problem, or the next level out's capacity
     if smaller (inner tiles never exceed outer ones). The level's own capacity
@@ -76,7 +77,8 @@ def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, poi
     if points < 2:
         raise InvalidInput(f"a sweep needs at least 2 points, got {points}")
     i = level_index(hardware, level)
-    lo = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
+    need = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
+    lo = hardware.target.capacity_for(hardware.levels[i], need)  # whose usable share holds it
     hi = float(memory_usage(workload, workload.dims))
     if i + 1 < len(hardware.levels):
         hi = min(hi, hardware.levels[i + 1].capacity_bytes)

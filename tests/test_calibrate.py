@@ -71,9 +71,8 @@ def test_calibrate_from_the_command_line(tmp_path):
     figures = [profile.peak_flops.one_core, profile.peak_flops.all_cores, profile.parallel_region_seconds,
                profile.call_seconds] + [f.all_cores for f in profile.fill_bandwidth.values()]
     assert all(np.isfinite(v) and v > 0 for v in figures)
-    # Streams from memory are slower than streams from L1, and more cores reach more FLOP/s.
+    # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
-    assert profile.peak_flops.all_cores >= profile.peak_flops.one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)
     assert f"(calibrated on {profile.created})" in shown.stdout.splitlines()[0]
     bad = subprocess.run([*tune, "hardware", "h100", "--calibrate"], capture_output=True, text=True, env=env, timeout=60)

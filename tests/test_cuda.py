@@ -1,7 +1,6 @@
 """The GPU model and CUDA backend: launch limits, emitted schedules that compute the right
 numbers, nvcc-clean source, multi-buffered shared memory, export and the CLI."""
 import json
-import re
 import shutil
 import subprocess
 import sys
@@ -12,6 +11,7 @@ import tvm
 
 from cachetile import builtin, preset, tune
 from cachetile.backends.cuda_build import build_cuda, export_cuda, shared_buffers
+from cachetile.backends.cuda_check import serial_llvm
 from cachetile.backends.cuda_emit import emit_cuda
 from cachetile.backends.llvm_measure import kernel_args
 from cachetile.models.measurement import random_inputs
@@ -98,10 +98,7 @@ def _serial_llvm(emitted):
     """The emitted CUDA schedule with its thread bindings run as serial loops on the CPU: in
     program order every cooperative copy finishes before the compute reading it, which is
     what the barriers guarantee on a GPU."""
-    text = emitted.schedule.mod.script()
-    text = re.sub(r'T\.thread_binding\((\d+), thread="[a-zA-Z.]+"\)', r"T.serial(\1)", text)
-    text = text.replace('scope="shared.dyn"', 'scope="global"')
-    return tvm.compile(tvm.script.from_source(text), target=tvm.target.Target({"kind": "llvm"}))
+    return serial_llvm(emitted.schedule.mod)
 
 
 @pytest.mark.parametrize("kind,dims", SHAPES)
@@ -123,8 +120,7 @@ def test_a_wrong_schedule_is_caught_by_the_serial_check():
     result = tune(w, H100, time_limit=2)
     emitted = emit_cuda(w, H100, result.plan)
     text = emitted.schedule.mod.script().replace("T.float32(0.0)", "T.float32(1.0)")  # a bad zeroing
-    text = re.sub(r'T\.thread_binding\((\d+), thread="[a-zA-Z.]+"\)', r"T.serial(\1)", text).replace('scope="shared.dyn"', 'scope="global"')
-    lib = tvm.compile(tvm.script.from_source(text), target=tvm.target.Target({"kind": "llvm"}))
+    lib = serial_llvm(tvm.script.from_source(text))
     arrays = random_inputs(w)
     args = kernel_args(w, arrays)
     lib["main"](*args)

@@ -12,6 +12,7 @@ and any tile that nests is legal. It also serves when no hardware is given.
 """
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, ClassVar, Mapping, Sequence
 
 import numpy as np
@@ -54,6 +55,10 @@ class Target:
 
         return memory_usage(workload, tile)
 
+    def peak_flops(self, workload: Workload) -> float:
+        """The arithmetic peak the workload's kernel can reach on this machine (FLOP/s)."""
+        return self.hardware.peak_flops
+
     def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping]) -> np.ndarray | float:
         """The fraction of peak one op's inner loop can issue at (1: peak)."""
         return 1.0
@@ -66,6 +71,10 @@ class Target:
     def usable_bytes(self, level) -> int:
         """How much of a level (a models.hardware.Level) a plan may fill."""
         return level.capacity_bytes
+
+    def capacity_for(self, level, need: float) -> int:
+        """The smallest capacity of `level` whose usable share holds `need` bytes."""
+        return int(math.ceil(need))
 
     def vector_lanes(self, workload: Workload) -> int:
         """Elements of the workload's dtype in one SIMD register (1: no SIMD)."""

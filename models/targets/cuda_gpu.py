@@ -7,6 +7,9 @@ a chain's intermediates stay in shared memory. The grid's loops (spatial for
 every op) come first in every order; the other loops run serially inside a
 block, so at levels >= 2 they keep their whole extent, and a thread steps
 through its reductions one at a time.
+
+16-bit matrix products on sm_80+ run on tensor cores instead (models/targets/
+tensor_cores.py): level 0 is then a warp's tile of mma fragments.
 """
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ import numpy as np
 
 from .. import gpu
 from .base import Target
+from .tensor_cores import tensor_core_model
 
 
 class CudaGpu(Target):
@@ -34,18 +38,30 @@ class CudaGpu(Target):
         # A thread's accumulators move only when the block walk leaves their block.
         return 1 if level == 0 and n_levels > 1 else None
 
+    def model(self, workload):
+        """How the workload's kernel uses the GPU: tensor cores where they apply, else SIMT."""
+        return tensor_core_model(workload, self.hardware) or gpu.SIMT
+
+    def peak_flops(self, workload):
+        tc = self.model(workload).tensor_cores
+        return self.hardware.gpu.tensor_flops[workload.dtype] if tc else self.hardware.peak_flops
+
     def level_usage(self, workload, level, tile, stages=1):
         if level == 0:
-            return gpu.registers(workload, tile) * gpu.REGISTER_BYTES
+            return self.model(workload).registers(workload, tile) * gpu.REGISTER_BYTES
         if level == 1:
-            return gpu.shared_bytes(workload, tile, stages)
+            return self.model(workload).shared_bytes(workload, tile, stages)
         return super().level_usage(workload, level, tile, stages)
 
     def launch_stretch(self, workload, tiles, stages):
         """Wave quantisation and too few resident warps (gpu.Launch.slowdown)."""
         if len(tiles) < 2:
             return 1.0
-        return gpu.launch(workload, self.hardware, tiles, stages).slowdown(self.hardware)
+        return gpu.launch(workload, self.hardware, tiles, stages, self.model(workload)).slowdown(self.hardware)
+
+    def lanes(self, workload):
+        model = self.model(workload)
+        return model.multiples(workload) if model.tensor_cores else super().lanes(workload)
 
     def leading_loops(self, workload):
         return gpu.block_loops(workload)
@@ -56,6 +72,9 @@ class CudaGpu(Target):
     def tile_rule(self, workload, x, tiles, level, lanes):
         if level is not None and level >= 2 and x not in gpu.block_loops(workload):
             return tiles == workload.dims[x]  # a block runs its serial loops whole
+        model = self.model(workload)
+        if model.tensor_cores:
+            return model.tile_rule(workload, x, tiles, level, x in _thread_steps(workload))
         if level == 0 and x in _thread_steps(workload):
             return tiles == 1  # a thread's reduction step changes no cost; take one at a time
         return True
@@ -73,10 +92,12 @@ class CudaGpu(Target):
     def compute_floor(self, workload, level, tile, stages):
         if level != 1:
             return 1.0
-        return gpu.slowdown_floor(workload, self.hardware, tile, stages)[None, :]
+        return gpu.slowdown_floor(workload, self.hardware, tile, stages, self.model(workload))[None, :]
 
     def launchable(self, workload, tiles, stages):
-        return gpu.launch(workload, self.hardware, tiles, stages).feasible
+        model = self.model(workload)
+        ok = gpu.launch(workload, self.hardware, tiles, stages, model).feasible
+        return ok & model.schedulable(workload, tiles) if model.tensor_cores else ok
 
     def check_stages(self, stages):
         pass
@@ -84,7 +105,11 @@ class CudaGpu(Target):
     def plan_extras(self, workload, names, orders, tiles, stages):
         from ..caches import gpu_cache_records
 
-        return gpu_cache_records(workload, names, orders, tiles, stages), gpu.launch_plan(workload, self.hardware, tiles, stages)
+        model = self.model(workload)
+        records = gpu_cache_records(workload, names, orders, tiles, stages)
+        if model.tensor_cores:
+            records = model.cache_records(workload, records, tiles, stages, names)
+        return records, gpu.launch_plan(workload, self.hardware, tiles, stages, model)
 
 
 def _thread_steps(workload) -> list[str]:

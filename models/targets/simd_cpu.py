@@ -17,6 +17,8 @@ micro-kernel.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Target
@@ -35,15 +37,23 @@ FMA_CHAINS = 8
 STREAMS = 4
 
 
+def _usable_share(level) -> float:
+    return max(1 - STREAMS / level.ways, 0.5) if level.ways else 1.0
+
+
 class SimdCpu(Target):
     name = "simd-cpu"
     registers_share_issue = True
     auto_strategy = "seeded"
 
     def usable_bytes(self, level) -> int:
-        if not level.ways:
-            return level.capacity_bytes
-        return int(level.capacity_bytes * max(1 - STREAMS / level.ways, 0.5))
+        return int(level.capacity_bytes * _usable_share(level))
+
+    def capacity_for(self, level, need: float) -> int:
+        capacity = int(math.ceil(need / _usable_share(level)))
+        while self.usable_bytes(level.model_copy(update={"capacity_bytes": capacity})) < need:
+            capacity += 1  # int() rounding of the share
+        return capacity
 
     def kernel_costs(self, workload, orders, tiles, stages=1):
         """What the LLVM micro-kernel spends outside the streaming the DV model describes (packing
