@@ -174,7 +174,7 @@ class Space:
         self.exhaustive_orders = len(self.orders) <= ORDER_CLASS_LIMIT
         if not self.exhaustive_orders:
             self.orders = order_classes(w, key=relaxed_signature, leading=self.target.leading_loops(w))
-                self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
+        self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
         # Every level loads each input and output at least once.
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
         self.lanes = self.target.lanes(w)
