@@ -18,21 +18,23 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
+from pathlib import Path
 
 from ..backends.base import BuildOptions, backend_for, names as backend_names
 from ..backends.cuda import ARCHES
 from ..models.errors import InvalidInput
-from ..models.hardware import PRESETS, hardware_from, read_json
 from ..models.einsum import workload_from_equations
-from ..models.workload import DTYPE_BYTES, KINDS, Workload, builtin, workload_from_dict
+from ..models.hardware import PRESETS, Hardware, hardware_from, read_json
+from ..models.workload import DTYPE_BYTES, KINDS, Workload, builtin
 from ..optimizer.pareto import ParetoFront, pareto
 from ..optimizer.tune import SOLVERS
 from .errors import exit_status, kind_of, one_line
 from .progress import progress_bar, scaled
-from .report import format_calibration, format_hardware, format_measurement, format_pareto, format_table
-from .request import PlanRequest, document
+from .report import format_calibration, format_double_buffer, format_hardware, format_measurement, format_pareto, format_table
+from .request import PlanRequest, document, parse_hardware, parse_workload
 
 
 class UsageError(InvalidInput):
@@ -53,6 +55,8 @@ def _number(cast, minimum, inclusive=True):
             value = cast(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not {word}") from None
+        if not math.isfinite(value):  # a limit of inf never ends, nan never compares
+            raise argparse.ArgumentTypeError(f"{text!r} is not a finite number")
         if not (value >= minimum if inclusive else value > minimum):
             raise argparse.ArgumentTypeError(f"{text} must be {'>=' if inclusive else '>'} {minimum}")
         return value
@@ -158,9 +162,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _unwrap(data, key: str):
+    """A `tune --json` document's `key` object, or the data itself."""
+    return data[key] if isinstance(data, dict) and isinstance(data.get(key), dict) else data
+
+
+def _hardware(spec: str) -> Hardware:
+    """A preset name, or a JSON file validated as the service validates a hardware object."""
+    if spec in PRESETS or not (spec.endswith(".json") or Path(spec).exists()):
+        return hardware_from(spec)  # a preset, or the one-line list of presets
+    return parse_hardware(_unwrap(read_json(spec), "hardware"))
+
+
 def _workload(args) -> Workload:
-    if args.source == "file":
-        return workload_from_dict(read_json(args.file))
+    if args.source == "file":  # validated as the service validates a request's workload
+        return parse_workload(_unwrap(read_json(args.file), "workload"))
     if args.source == "einsum":
         return workload_from_equations(args.spec, args.dims, args.dtype)
     kind = KINDS[args.kind]
@@ -170,7 +186,7 @@ def _workload(args) -> Workload:
 
 
 def _pareto(args) -> list[ParetoFront]:
-    workload, hardware = _workload(args), hardware_from(args.hardware)
+    workload, hardware = _workload(args), _hardware(args.hardware)
     levels = args.level or [lv.name for lv in hardware.levels]
     fronts = []
     with progress_bar("pareto") as bar:
@@ -214,7 +230,7 @@ def run(argv: list[str]) -> int:
             return 0
         if args.calibrate:
             return _calibrate(args)
-        hw = hardware_from(args.name)
+        hw = _hardware(args.name)
         print(hw.model_dump_json(indent=2) if args.json else format_hardware(hw))
         return 0
     if args.command == "pareto":
@@ -224,7 +240,7 @@ def run(argv: list[str]) -> int:
         else:
             print("\n\n".join(format_pareto(f) for f in fronts))
         return 0
-    hardware = hardware_from(args.hardware)
+    hardware = _hardware(args.hardware)
     backend = backend_for(hardware, args.target)
     request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
                           time_limit=args.time_limit, top=args.top, stages=args.stages)
@@ -248,6 +264,8 @@ def run(argv: list[str]) -> int:
         print(json.dumps(doc, indent=2))
     else:
         print(format_table(result))
+        if args.double_buffer and (exported is not None or measurement is not None):
+            print(format_double_buffer(result.plan.caches))
         if exported is not None:
             print(f"exported {', '.join(exported.files)} to {exported.directory}" +
                   "".join(f"; {c}" for c in exported.checks))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import ValidationError
 
-from ..models.errors import CachetileError
+from ..models.errors import CachetileError, describe  # noqa: F401  (describe: used by the service too)
 
 # kind -> (CLI exit status, HTTP status). Bad input is the user's to fix: exit 2 and 422.
 # A request that is valid but cannot be answered (no plan in time, the solver or the compiler
@@ -42,16 +42,6 @@ def one_line(exc: BaseException) -> str:
         return describe(exc.errors())
     text = " ".join(str(exc).split())
     return text or type(exc).__name__
-
-
-def describe(errors) -> str:
-    """pydantic's list of errors as one line: `field.path: message; ...`."""
-    parts = []
-    for err in errors:
-        where = ".".join(str(p) for p in err["loc"])
-        msg = err["msg"].removeprefix("Value error, ")
-        parts.append(f"{where}: {msg}" if where else msg)
-    return "; ".join(parts)
 
 
 def exit_status(kind: str) -> int:

@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..models.hardware import Hardware
 from ..models.measurement import Measurement
 from ..models.profile import Profile
-from ..models.plan import TuneResult
+from ..models.plan import CacheRecord, TuneResult
 from ..optimizer.pareto import ParetoFront
 
 
@@ -125,3 +125,12 @@ def format_measurement(m: Measurement) -> str:
     return (f"measured on {m.device}: kernel {_si(m.kernel_gflops * 1e9, 'FLOP/s')} ({_seconds(m.kernel_seconds)}), "
             f"{m.reference} {_si(m.reference_gflops * 1e9, 'FLOP/s')} ({_seconds(m.reference_seconds)}), "
             f"ratio {m.ratio:.2f}x{build}; max |error| {m.max_abs_error:.2g}")
+
+
+def format_double_buffer(caches: list[CacheRecord]) -> str:
+    """One line: which input caches --double-buffer pipelined, or why it changed nothing."""
+    done = [f"{c.tensor} at {c.attach_loop}" for c in caches if c.double_buffer]
+    if done:
+        return "double buffering: pipelined " + ", ".join(done)
+    reasons = [f"{c.tensor} in {c.level}: {c.note}" for c in caches if c.note and not c.skipped_thrifty]
+    return "double buffering changes nothing: " + ("; ".join(reasons) or "no input is copied")

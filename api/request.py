@@ -69,7 +69,9 @@ ShortForm = Union[SHORT_FORMS]  # noqa: UP007  (a runtime tuple of models)
 _SHORT = TypeAdapter(Annotated[ShortForm, Field(discriminator="kind")])
 
 
-def _workload(value: Any) -> Workload:
+def parse_workload(value: Any) -> Workload:
+    """A request's workload: the short form or a full object, validated strictly (the service's
+    schema; the CLI's workload files go through here too)."""
     if isinstance(value, Workload):
         return value
     # Strict: a JSON body's "5" is not the integer its schema promises.
@@ -87,7 +89,9 @@ def _workload(value: Any) -> Workload:
         raise InvalidInput(one_line(exc)) from None
 
 
-def _hardware(value: Any) -> Hardware:
+def parse_hardware(value: Any) -> Hardware:
+    """A request's hardware: a preset name or an object, validated strictly (the service's schema;
+    the CLI's hardware files go through here too)."""
     if isinstance(value, Hardware):
         return value
     expected = f"expected one of {', '.join(PRESETS)} or a hardware object"
@@ -103,8 +107,8 @@ def _hardware(value: Any) -> Hardware:
         raise InvalidInput(one_line(exc)) from None
 
 
-WorkloadSpec = Annotated[Workload, PlainValidator(_workload, json_schema_input_type=Union[(*SHORT_FORMS, Workload)])]
-HardwareSpec = Annotated[Hardware, PlainValidator(_hardware, json_schema_input_type=Literal[PRESETS] | Hardware)]
+WorkloadSpec = Annotated[Workload, PlainValidator(parse_workload, json_schema_input_type=Union[(*SHORT_FORMS, Workload)])]
+HardwareSpec = Annotated[Hardware, PlainValidator(parse_hardware, json_schema_input_type=Literal[PRESETS] | Hardware)]
 SolverName = Literal[tuple(sorted(SOLVERS))]  # sorted: the schema must not depend on import order
 
 

@@ -170,6 +170,7 @@ def serve(args) -> int:
     if args.openapi:
         print(json.dumps(app.openapi(), indent=2))
         return 0
+    PlanCache(settings.cache_path).check()  # refuse to start rather than answer 500 to every request
     import uvicorn
 
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

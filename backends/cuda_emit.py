@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from tvm import s_tir, tirx
 
-from ..models.caches import effective_tiles, gpu_cache_records, is_producer, key_slice, output_tile, trips, walk
+from ..models.caches import (
+    effective_tiles, gpu_cache_records, gpu_shared_copy, is_producer, key_slice, output_tile, trips, walk,
+)
 from ..models.gpu import VECTOR_BYTES, block_loops, copy_policy, grid_blocks, threads
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
@@ -152,6 +154,8 @@ def _producer_nest(sch, block, workload, op, orders, tiles, padded, loops: dict)
 
 def _cache_input(sch, block, workload, op, name, orders, tiles, padded, loops, grid, n_threads, pipelined) -> None:
     """Copy the input's level-1 block into shared memory at its key-slice, cooperatively."""
+    if not gpu_shared_copy(workload, name, tiles):
+        return
     tensor = workload.tensors[name]
     padded_input = is_padded(workload, name, padded)
     cache = sch.cache_read(block, read_index(sch, block, source_name(workload, name, padded)), SHARED)

@@ -18,10 +18,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheSite, Layout, cache_records, effective_tiles, input_caches, micro_order, outer_shared, output_plan, output_tile,
-    trips, walk,
+    CacheSite, Layout, cache_records, double_buffer_reason, effective_tiles, input_caches, micro_order, outer_shared,
+    output_plan, output_tile, parallel_positions, trips, walk,
 )
-from ..models.costmodel import parallel_candidates, parallel_loops
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import Plan
@@ -30,6 +29,9 @@ from .base import Emitted
 from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
 
 UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
+# TVM 0.27 legalises bfloat16 buffers to uint16 storage but not explicit bfloat16 vectors (a
+# BufferStore dtype mismatch), so these dtypes leave their vector loops to LLVM's auto-vectoriser.
+UNVECTORIZED = ("bfloat16",)
 
 
 class _Nests:
@@ -52,7 +54,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     padded, tiles = effective_tiles(workload, [lv.tile for lv in plan.levels])
     names = [lv.name for lv in plan.levels]
     top = len(names) - 1
-    lanes = hardware.target.vector_lanes(workload)
+    lanes = None if workload.dtype in UNVECTORIZED else hardware.target.vector_lanes(workload)
     sch = s_tir.Schedule(primfunc(workload, padded))
     blocks = {op.name: sch.get_sblock(block_name(workload, op, padded)) for op in workload.ops}
     nests = _Nests(workload, top)
@@ -64,18 +66,22 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.compute_at(blocks[op.name], nests.get(consumer, shared_top[-1]), preserve_unit_loops=True)
         _tile(sch, blocks[op.name], workload, orders, op, tiles, padded, nests)
     # Before caches and split reductions: TensorIR checks the blocks under a parallel loop.
-    _parallelize(sch, workload, plan, hardware, nests)
+    parallel = _parallelize(sch, workload, plan, hardware, nests)
     sites = input_caches(workload, orders, tiles, padded)
+    parallel_at = parallel if double_buffer else None
+    # Root copies are split over the cores only when the kernel itself runs in parallel: a kernel
+    # too small to split pays no parallel region per copy either (models/kernel_costs.py).
+    copy_cores = hardware.cores if parallel else 1
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
-        _micro_kernel(sch, nests, op, micro_order(workload, op))
+        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, hardware.cores, double_buffer, pipelined)
+                         nests, padded, lanes, copy_cores, parallel_at, pipelined)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
-    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer), padded)
+    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores), padded)
 
 
 def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> None:
@@ -96,19 +102,22 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
     sch.reorder(*[nests.loops[(op.name, p)] for p in owned + [(x, -1) for x in micro_order(workload, op)]])
 
 
-def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> None:
-    """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores."""
-    if hardware.cores < 2:
-        return
+def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> dict:
+    """Run the loops the cost model assumes parallel (costmodel.parallel_loops) over the cores;
+    return them (caches.parallel_positions)."""
     orders, tiles = [lv.order for lv in plan.levels], [lv.tile for lv in plan.levels]
-    for op, (index, count) in zip(workload.ops, parallel_loops(workload, orders, tiles, hardware.cores)):
-        if int(index) >= 0 and int(count) >= 2:
-            sch.parallel(nests.get(op, parallel_candidates(workload, orders, op)[int(index)]))
+    ops = {op.name: op for op in workload.ops}
+    found = parallel_positions(workload, orders, tiles, hardware.cores)
+    for name, position in found.items():
+        sch.parallel(nests.get(ops[name], position))
+    return found
 
 
-def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
-    """Vectorise the register tile's last loop; unroll the others while the body stays small."""
-    sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
+def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None) -> None:
+    """Vectorise the register tile's last loop (unless lanes is None); unroll the others while
+    the body stays small."""
+    if lanes is not None:
+        sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
     budget = UNROLL_LIMIT
     for x in reversed(micro[:-1]):
         loop = nests.loops[(op.name, (x, -1))]
@@ -119,8 +128,10 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str]) -> None:
         sch.unroll(loop)
 
 
-def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, double_buffer,
+def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, parallel_at,
                  pipelined: list) -> None:
+    """Cache the input at `sites`; with `parallel_at` (per op, the position run in parallel; None:
+    no double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
     source = source_name(workload, sites[0].tensor, padded)
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
@@ -137,7 +148,7 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
         else:
             sch.transform_layout(cache, ("write", 0), site.layout.index_map())
             _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
-        if double_buffer and site.key is not None:
+        if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
@@ -164,8 +175,10 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
         _vectorize(sch, order[-1], lanes)
 
 
-def _vectorize(sch, loop, lanes: int) -> None:
+def _vectorize(sch, loop, lanes: int | None) -> None:
     extent = sch.get(loop).extent
+    if lanes is None:
+        return
     if isinstance(extent, tirx.IntImm) and extent.value > 1:
         if extent.value > lanes and extent.value % lanes == 0:
             loop = sch.split(loop, factors=[None, lanes])[1]

@@ -17,7 +17,7 @@ machine needs only numpy, pydantic and CuPy.
 from importlib import import_module
 
 _NAMES = {
-    "data_volume": "models.costmodel", "memory_usage": "models.costmodel",
+    "data_volume": "models.checked", "memory_usage": "models.checked",
     "Hardware": "models.hardware", "Level": "models.hardware", "hardware_from": "models.hardware",
     "preset": "models.hardware",
     "Plan": "models.plan", "TuneResult": "models.plan", "make_plan": "models.plan",

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from . import gpu
-from .costmodel import padded_extents
+from .costmodel import padded_extents, parallel_candidates, parallel_loops
 from .errors import InvalidInput
 from .workload import Op, Workload
 
@@ -44,6 +44,8 @@ class CacheRecord(BaseModel):
     layout: str
     double_buffer: bool
     skipped_thrifty: bool
+    note: str | None = Field(None, exclude_if=lambda v: v is None,
+                             description="with double buffering asked for: why this cache is not pipelined")
     stages: int = Field(1, description="buffers the cache rotates through (GPU multi-buffering)")
     copy_mode: Literal["blocked", "striped"] | None = Field(
         None, description="GPU: how a block's threads share the copy (Accera's BLOCKED or STRIPED)"
@@ -221,22 +223,51 @@ def attach_name(key: Position | None, names: list[str]) -> str:
     return "root" if key is None else f"{key[0]}.{names[key[1]]}"
 
 
-def plan_caches(workload: Workload, level_names: list[str], orders, tiles, double_buffer: bool = False) -> list[CacheRecord]:
+def plan_caches(workload: Workload, level_names: list[str], orders, tiles, double_buffer: bool = False,
+                cores: int = 1) -> list[CacheRecord]:
     """The cache records of a plan (orders and tiles innermost level first)."""
     padded, tiles = effective_tiles(workload, tiles)
     return cache_records(workload, level_names, orders, tiles, padded, input_caches(workload, orders, tiles, padded),
-                         double_buffer)
+                         double_buffer, cores)
+
+
+def parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, Position]:
+    """Per op, the loop the CPU backend runs on `cores` threads (costmodel.parallel_loops), if any."""
+    if cores < 2:
+        return {}
+    found = {}
+    for op, (index, count) in zip(workload.ops, parallel_loops(workload, orders, tiles, cores)):
+        if int(index) >= 0 and int(count) >= 2:
+            found[op.name] = parallel_candidates(workload, orders, op)[int(index)]
+    return found
+
+
+def double_buffer_reason(workload: Workload, site: CacheSite, parallel: dict[str, Position], top: int) -> str | None:
+    """Why the CPU backend does not software-pipeline this input cache's copy (None: it does,
+    when asked). A parallel attach loop is never pipelined: its buffers are shared by the
+    threads running its iterations, which would overwrite each other's blocks."""
+    if site.skipped:
+        return "skipped by the thrifty rule: nothing is copied"
+    if site.key is None:
+        return "filled once, before every loop: there is no next block to overlap"
+    # The outermost level's shared loops belong to the last op's nest.
+    owner = workload.ops[-1].name if site.key[1] == top and site.key[0] in workload.shared_loops else site.op
+    if parallel.get(owner) == site.key:
+        return "its attach loop runs in parallel: the threads would share the rotating buffers"
+    return None
 
 
 def cache_records(workload: Workload, level_names: list[str], orders, tiles, padded, sites: list[CacheSite],
-                  double_buffer: bool) -> list[CacheRecord]:
-    """Records for the input cache `sites` plus each output's register tile (tiles effective)."""
-    records = [
-        CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
-                    layout=s.layout.name() if s.layout else WINDOW, double_buffer=double_buffer and not s.skipped and s.key is not None,
-                    skipped_thrifty=s.skipped)
-        for s in sites
-    ]
+                  double_buffer: bool, cores: int = 1) -> list[CacheRecord]:
+    """Records for the input cache `sites` plus each output's register tile (tiles effective).
+    With `double_buffer`, each input cache says whether it is pipelined, or why not."""
+    parallel = parallel_positions(workload, orders, tiles, cores) if double_buffer else {}
+    records = []
+    for s in sites:
+        why = double_buffer_reason(workload, s, parallel, len(tiles) - 1) if double_buffer else None
+        records.append(CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
+                                   layout=s.layout.name() if s.layout else WINDOW, double_buffer=double_buffer and why is None,
+                                   skipped_thrifty=s.skipped, note=why))
     for op in workload.ops:
         key, _ = output_tile(workload, orders, op, tiles, padded)
         plan = output_plan(workload, orders, op, tiles, padded)
@@ -264,6 +295,13 @@ def output_tile(workload: Workload, orders, op: Op, tiles, padded, level: int = 
     key = key_slice(positions, out, tiles, padded, level)
     above = positions[: positions.index(key)] if key is not None else []
     return key, [p for p in above if p[0] not in out]
+
+
+def gpu_shared_copy(workload: Workload, name: str, tiles) -> bool:
+    """Whether the GPU backend copies an input's block (tiles effective) into shared memory: not
+    a one-element block, which every thread reads straight from memory (a copy gains nothing,
+    and TVM 0.27 fails to place a one-element dynamic shared buffer)."""
+    return int(workload.block(name, tiles[1])) > 1
 
 
 def outer_shared(workload: Workload, op: Op, pos: Position, top: int) -> bool:
@@ -338,6 +376,11 @@ def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles,
                                            double_buffer=False, skipped_thrifty=False))
                 continue
             key = key_slice(positions, tensor.loops, tiles, padded, 1)
+            if not gpu_shared_copy(workload, name, tiles):
+                records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
+                                           layout="one element, read from memory by every thread", double_buffer=False,
+                                           skipped_thrifty=True))
+                continue
             records.append(CacheRecord(
                 tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
                 layout="row-major block " + "x".join(map(str, block)), double_buffer=stages > 1 and key is not None,

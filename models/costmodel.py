@@ -41,6 +41,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .errors import InvalidInput
 from .hardware import Hardware
 from .indexing import distinct
 from .targets import target_for
@@ -412,28 +413,42 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
 
 
 def check_order(workload: Workload, order: Sequence[str]) -> None:
-    """Raise ValueError unless `order` is a permutation of the loops with shared loops first."""
-    if sorted(order) != sorted(workload.dims):
-        raise ValueError(f"order {list(order)} must list each loop of {list(workload.dims)} once")
+    """Raise InvalidInput unless `order` is a permutation of the loops with shared loops first."""
+    if isinstance(order, str) or not isinstance(order, Sequence) or sorted(map(str, order)) != sorted(workload.dims):
+        raise InvalidInput(f"order {order!r} must list each loop of {list(workload.dims)} once")
     shared = set(workload.shared_loops)
     seen_private = False
     for x in order:
         if x not in shared:
             seen_private = True
         elif seen_private:
-            raise ValueError(
+            raise InvalidInput(
                 f"order {list(order)}: shared loop {x!r} comes after a loop private to one op; "
                 "that would recompute an earlier op or hold an unbounded intermediate"
             )
 
 
 def check_tiles(workload: Workload, tiles: Tiles) -> None:
-    """Raise ValueError unless 1 <= tile_l <= tile_(l+1) <= extent for every loop."""
+    """Raise InvalidInput unless every level's tile maps each loop, and only those, to integers
+    (or integer arrays) with 1 <= tile_l <= tile_(l+1) <= extent."""
+    if isinstance(tiles, Mapping) or not isinstance(tiles, Sequence):
+        raise InvalidInput(f"tiles must be a list with one {{loop: tile}} mapping per level, got {type(tiles).__name__}")
+    for level, tile in enumerate(tiles):  # every value an integer first: each is compared with the one above
+        if not isinstance(tile, Mapping):
+            raise InvalidInput(f"level {level} tile must be a {{loop: tile}} mapping, got {type(tile).__name__}")
+        unknown = [x for x in tile if x not in workload.dims]
+        if unknown:
+            raise InvalidInput(f"level {level} tile names unknown loop(s) {unknown}; the loops are {list(workload.dims)}")
+        for x in workload.dims:
+            if x not in tile:
+                raise InvalidInput(f"level {level} tile has no entry for loop {x!r}")
+            if np.asarray(tile[x]).dtype.kind not in "iu":
+                raise InvalidInput(f"level {level} tile of {x!r} is {tile[x]!r}; tiles must be integers")
     for level, tile in enumerate(tiles):
         for x, extent in workload.dims.items():
-            t = tile.get(x)
-            if t is None:
-                raise ValueError(f"level {level} tile has no entry for loop {x!r}")
-            parent = tiles[level + 1][x] if level + 1 < len(tiles) else extent
-            if not 1 <= int(t) <= int(parent):
-                raise ValueError(f"level {level} tile of {x!r} is {t}; it must be between 1 and {parent}")
+            t = np.asarray(tile[x])
+            parent = np.asarray(tiles[level + 1][x]) if level + 1 < len(tiles) else extent
+            if t.size == 0 or not np.all((1 <= t) & (t <= parent)):
+                shown = tile[x] if t.ndim == 0 else "an array"
+                raise InvalidInput(f"level {level} tile of {x!r} is {shown}; it must be between 1 and "
+                                   f"{parent if np.ndim(parent) == 0 else 'the tile above'}")

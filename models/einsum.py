@@ -18,7 +18,7 @@ import re
 import string
 from dataclasses import dataclass
 
-from .errors import InvalidInput
+from .errors import InvalidInput, one_line_errors
 from .indexing import IndexSyntaxError, parse_index
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -176,6 +176,7 @@ def workload_from_equations(equations: list[str] | str, dims: dict, dtype: str =
     if unknown:
         raise InvalidInput(f"shapes name tensor(s) {unknown} that no equation uses")
     spec = {n: {"dims": ix} | ({"shape": shapes[n]} if n in shapes else {}) for n, ix in tensors.items()}
-    return Workload(kind=kind, dims=extents, dtype=dtype, tensors=spec, signature=signature,
-                    ops=[{"name": n, "loops": [x for x in order if x in lp], "inputs": i, "output": o}
-                         for n, lp, i, o in ops])
+    with one_line_errors():  # extents out of range, bad shapes: one line, as everywhere
+        return Workload(kind=kind, dims=extents, dtype=dtype, tensors=spec, signature=signature,
+                        ops=[{"name": n, "loops": [x for x in order if x in lp], "inputs": i, "output": o}
+                             for n, lp, i, o in ops])

@@ -54,3 +54,28 @@ class Unavailable(CachetileError):
     """What was asked for needs something this machine lacks (a GPU, CuPy, nvcc)."""
 
     kind = "unavailable"
+
+
+def describe(errors) -> str:
+    """pydantic's list of errors as one line: `field.path: message; ...`."""
+    parts = []
+    for err in errors:
+        where = ".".join(str(p) for p in err["loc"])
+        msg = err["msg"].removeprefix("Value error, ")
+        parts.append(f"{where}: {msg}" if where else msg)
+    return "; ".join(parts)
+
+
+class one_line_errors:
+    """Re-raise pydantic's ValidationError (many lines) as InvalidInput (one): for the Python
+    API's constructors, which the front ends also call."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, exc, tb):
+        from pydantic import ValidationError
+
+        if isinstance(exc, ValidationError):
+            raise InvalidInput(describe(exc.errors())) from None
+        return False

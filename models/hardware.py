@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from .errors import InvalidInput
+from .errors import InvalidInput, one_line_errors
 from .profile import Profile, load_profile, machine_key, profile_path
 from .workload import Dtype
 
@@ -291,7 +291,8 @@ def hardware_from(spec: str | dict) -> Hardware:
     """A preset name, a path to a JSON file, or a dict (a `tune --json` document's `hardware` is accepted too)."""
     if isinstance(spec, dict):
         data = spec.get("hardware", spec) if isinstance(spec.get("hardware"), dict) else spec
-        return Hardware.model_validate(data)
+        with one_line_errors():
+            return Hardware.model_validate(data, strict=True)  # as the service: "4096" is not a capacity
     if spec in PRESETS:
         return preset(spec)
     if spec.endswith(".json") or Path(spec).exists():

@@ -72,7 +72,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         positions = walk(workload, orders, op)
         index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
         if site.key is None:
-            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), cores
+            # a root copy is split over the cores when the kernel runs in parallel (llvm_emit)
+            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), cores if parallel else 1
         else:
             above = positions[: positions.index(site.key) + 1]
             fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(ix.span(eff[site.level]) for ix in index)

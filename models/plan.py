@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from .caches import CacheRecord, tiles_nest
-from .costmodel import Orders, Tiles, check_order, check_tiles, compute_seconds, data_volume, level_usage
-from .errors import InvalidInput
+from .checked import check_hardware, check_plan, check_workload
+from .costmodel import Orders, Tiles, compute_seconds, data_volume, level_usage
 from .gpu import LaunchPlan
 from .hardware import Hardware
 from .objective import time_objective
@@ -61,11 +61,9 @@ class TuneResult(BaseModel):
 def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Tiles, stages: int = 1) -> Plan:
     """Validate and cost one plan (orders and tiles innermost level first); `stages` is the
     number of buffers of each shared-memory input cache on GPUs."""
-    if len(orders) != len(hardware.levels) or len(tiles) != len(hardware.levels):
-        raise InvalidInput(f"a plan needs one order and one tile per level ({len(hardware.levels)})")
-    for order in orders:
-        check_order(workload, order)
-    check_tiles(workload, tiles)
+    check_workload(workload)
+    check_hardware(hardware)
+    check_plan(workload, orders, tiles, len(hardware.levels))
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     objective = time_objective(hardware)
     compute = float(compute_seconds(workload, hardware, orders, tiles, stages))

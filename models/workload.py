@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -18,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from . import conv
 from .einsum import workload_from_equations
-from .errors import InvalidInput
+from .errors import InvalidInput, one_line_errors
 from .indexing import Index, IndexSyntaxError, distinct, parse_index
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
@@ -31,7 +32,8 @@ MAX_EXTENT = 2**31 - 1
 
 class Tensor(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dims: list[str] = Field(description="the index of each dimension, outermost (row-major) first: a loop, or "
+    dims: list[str] = Field(min_length=1,
+                            description="the index of each dimension, outermost (row-major) first: a loop, or "
                             "(inputs only) an affine sum such as '2*oh+kh-1' (see models/indexing.py)")
     role: Role | None = Field(None, description="derived from the ops when omitted")
     shape: list[int] | None = Field(
@@ -75,6 +77,16 @@ class Workload(BaseModel):
     tensors: dict[str, Tensor]
     ops: list[Op] = Field(min_length=1)
     signature: list[str] | None = Field(None, description="kernel argument order; derived when omitted")
+
+    @field_validator("dims", mode="before")
+    @classmethod
+    def _extents_are_integers(cls, dims):
+        # Strict everywhere (files, the service, Python): "32" or true is not an extent.
+        if isinstance(dims, dict):
+            for loop, extent in dims.items():
+                if isinstance(extent, bool) or not isinstance(extent, numbers.Integral):
+                    raise ValueError(f"loop {loop!r} has extent {extent!r}; extents must be integers")
+        return dims
 
     @field_validator("dims")
     @classmethod
@@ -314,6 +326,8 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32", params: dic
     be left out."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise InvalidInput(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
+    if not isinstance(dims, Mapping):
+        raise InvalidInput(f"dims must map loop names to extents, got {type(dims).__name__}")
     spec = KINDS.get(kind)
     if spec is None:
         raise InvalidInput(f"unknown workload kind {kind!r}; expected {', '.join(KINDS)}")
@@ -368,4 +382,5 @@ def workload_from_dict(data: dict) -> Workload:
             raise InvalidInput("a workload needs 'dims', an object of loop extents")
         return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"),
                        {k: v for k, v in data.items() if k in options})
-    return Workload.model_validate(data)
+    with one_line_errors():
+        return Workload.model_validate(data, strict=True)  # as the service: "32" is not an extent

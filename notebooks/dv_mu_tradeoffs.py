@@ -141,7 +141,7 @@ from cachetile.backends.base import get_backend  # noqa: E402
 host = preset("host")
 result = tune(chain, host, time_limit=5, top=0)
 l1 = next(i for i, lv in enumerate(host.levels) if lv.name == "L1")
-sweep = pareto(chain, host, "L1", points=6, time_limit=1)
+sweep = pareto(chain, host, "L1", points=6, time_limit=3)
 plans = [result.plan] + [p.plan for p in sweep.front if p.capacity_bytes <= host.levels[l1].capacity_bytes]
 measured = [get_backend("llvm").measure(result, p, repeat=10) for p in plans]
 predicted = [p.predicted_seconds for p in plans]

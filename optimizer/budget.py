@@ -7,20 +7,27 @@ to make a solve depend on the search alone (tests/golden_cases.py does).
 # Shares of the time left, for passes that precede others.
 COARSE_SHARE = 0.25  # enumerate: the coarse candidate pass, which finds incumbents for the fine pass
 SEED_SHARE = 0.3  # enumerate on SIMD CPUs: the pass around the best register tiles, before the full passes
+ROUNDING_SHARE = 0.5  # pyomo solvers: time to find a feasible rounded solution before enumeration takes over
 ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the rest is kept for the NLP fallback
 
-# Fixed caps, in seconds, whatever the limit.
+# Fixed caps, whatever the limit. Passes that stop early and hand their best plan on are capped
+# by work, not seconds (registry.Deadline), so they return the same plans on a loaded machine as
+# on an idle one, and the CLI, the service's workers and a cache miss agree; the time limit
+# still stops them first when it is shorter. A unit of work (Space.work) is one cost-model call
+# of a gemm over ROWS_PER_UNIT candidate tiles or fewer, scaled by the terms a workload's call
+# sums; on the AMD EPYC of BENCHMARKS.md a second is 1,000 to 3,000 units.
+ROWS_PER_UNIT = 4000
 # auto on SIMD CPUs: the widening passes around the best register tiles (enumeration.seeded);
 # their greedy dive may take longer. Plans found within 0.4 s matched those of 4 s passes
 # within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
-# 1024^3 GEMM in under a second, imports included.
-SEED_SECONDS = 0.4
+# 1024^3 GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
+SEED_WORK = 700.0
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
-# proving the best takes long; enumerate's best plan after this long is returned.
-GPU_SECONDS = 1.5
-# tune: polishing breaks ties and trims data movement, so it gets a short slice.
-POLISH_SECONDS = 0.15
+# proving the best takes long; enumerate's best plan after this much work (about 1.5 s) is returned.
+GPU_WORK = 2500.0
+# tune: polishing breaks ties and trims data movement, so it gets a short slice (about 0.15 s).
+POLISH_WORK = 250.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 
-CAPS = ("SEED_SECONDS", "GPU_SECONDS", "POLISH_SECONDS", "ROUND_POLISH_SECONDS")
+CAPS = ("SEED_WORK", "GPU_WORK", "POLISH_WORK", "ROUND_POLISH_SECONDS")

@@ -18,7 +18,7 @@ import numpy as np
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, single_level_bound
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
-from .space import Space
+from .space import Space, divisors
 
 
 class _Timeout(Exception):
@@ -86,6 +86,7 @@ class _Search:
                 lv = sp.hardware.levels[level]
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
+                self.deadline.spend(sp.work(len(self.grid)))
                 t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
@@ -149,6 +150,7 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 secs[o, lo : lo + CHUNK] = dv / divisor
+                self.deadline.spend(sp.work(len(dv)))
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
@@ -166,10 +168,13 @@ class _Search:
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level >= 1:
-            compute = compute * sp.target.compute_floor(sp.workload, level, tile, sp.stages)
+            floor = sp.target.compute_floor(sp.workload, level, tile, sp.stages)
+            # An infinite floor (no launch fits) prunes the child even when compute costs nothing.
+            compute = np.where(np.isinf(floor), np.inf, compute * np.where(np.isinf(floor), 1.0, floor))
         else:  # the register tile's own order does not change the arithmetic
             compute = np.broadcast_to(sp.objective.compute(compute_seconds(
                 sp.workload, sp.hardware, (orders[0], *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))[None, :]
+            self.deadline.spend(sp.work(len(rows)))
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -194,6 +199,7 @@ class _Search:
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 if o not in serial:
                     serial[o] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                    self.deadline.spend(sp.work(levels=sp.n_levels))
                 key = (float(bound.flat[flat]) + serial[o], float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
@@ -229,7 +235,7 @@ def _ladders(space: Space, seeds: np.ndarray) -> tuple[Space, np.ndarray]:
         for i, x in enumerate(space.loops):
             extent, t = space.workload.dims[x], int(seed[i])
             grown[x] |= {t * j for j in range(1, LADDER + 1)} | {t << s for s in range(extent.bit_length())}
-            grown[x] |= {d for d in range(t, extent + 1, t) if extent % d == 0}  # divisors the seed divides
+            grown[x] |= {d for d in divisors(extent) if d % t == 0}  # divisors the seed divides
             grown[x] = {v for v in grown[x] if v <= extent}
         if used and np.prod([len(v) for v in grown.values()], dtype=np.float64) > LADDER_GRID:
             break
@@ -244,7 +250,7 @@ LADDER_GRID = 30_000  # tile combinations per level the seeded search holds
 BEAMS = (1, 2, 4, 8)  # children per node the seeded passes visit, in turn
 
 
-def seeded(space: Space, deadline: Deadline, top: int, cap: float | None = None) -> SolveResult:
+def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = None) -> SolveResult:
     """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`),
     visiting at most BEAMS[i] children of each node, for i = 0, 1, ... while time lasts.
 
@@ -252,11 +258,12 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: float | None = None)
     many outer tilings tie under it), so it would spend its budget in the first subtree. A
     growing beam finds a good plan within milliseconds (beam 1 is the greedy dive) and then
     widens the search over every level; the passes share their best plans, which prune the
-    next. The greedy dive has the whole `deadline`; the wider passes stop `cap` seconds
-    after the search began. `optimal` when the best plan is within OPTIMALITY_GAP of the
-    lower bound, `feasible` when the widest beam ran to the end, else `timeout`.
+    next. The greedy dive has the whole `deadline`; the wider passes stop at `cap` too (auto
+    passes a deadline of work, budget.SEED_WORK, so the plans do not depend on the machine's
+    load). `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
+    `feasible` when the widest beam ran to the end, else `timeout`.
     """
-    wider = Deadline(min(deadline.left(), cap if cap is not None else deadline.left()))
+    wider = cap if cap is not None else deadline
     seeds = space.best_register_tiles(REGISTER_SEEDS)
     best = TopK(max(top, 1))
     if seeds is None:
@@ -283,7 +290,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
     best = TopK(max(top, 1))
     evaluated = 0
     coarse = space.coarse()
-    passes = [(coarse, Deadline(deadline.left() * budget.COARSE_SHARE)), (space, deadline)]
+    passes = [(coarse, deadline.part(budget.COARSE_SHARE)), (space, deadline)]
     if all(np.array_equal(space.candidates[x], coarse.candidates[x]) for x in space.loops):
         passes = [(space, deadline)]  # the fine set adds nothing
     if coarse.grid_size() > GRID_MAX:
@@ -296,7 +303,7 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         seeds = space.best_register_tiles(REGISTER_SEEDS)
         if seeds is not None:
             around, seeds = _ladders(space, seeds)
-            passes.insert(0, (around, Deadline(deadline.left() * budget.SEED_SHARE), seeds))
+            passes.insert(0, (around, deadline.part(budget.SEED_SHARE), seeds))
     status = "timeout"
     for sp, limit, *seeds in passes:
         search = _Search(sp, limit, best, *seeds)

@@ -6,32 +6,104 @@ change (see _tile_moves) and every other order class at each level.
 """
 from __future__ import annotations
 
+import bisect
+import math
+
 import numpy as np
 
 from .registry import Candidate, Deadline, score
 from .space import Space
 
 
-def repair(space: Space, tiles: list[dict[str, int]]) -> list[dict[str, int]] | None:
-    """Clamp tiles into their nesting bounds and shrink them until every level fits; None if impossible."""
-    w, loops = space.workload, space.loops
+# Single-candidate shrinks before repair scales every tile of a level at once: enough for a
+# rounded solution just over capacity, while a huge extent (10^9 has ~63,000 candidates) would
+# otherwise take minutes one candidate at a time.
+REPAIR_STEPS = 64
+
+
+def repair(space: Space, tiles: list[dict[str, int]], deadline: Deadline | None = None) -> list[dict[str, int]] | None:
+    """Clamp tiles into their nesting bounds and shrink them until every level fits; None if
+    impossible or when `deadline` passes first."""
+    loops = space.loops
     tiles = [dict(t) for t in tiles]
-    smallest = space.smallest_tiles()
     for j in reversed(range(space.n_levels)):
-        parent = tiles[j + 1] if j + 1 < space.n_levels else w.dims
+        parent = tiles[j + 1] if j + 1 < space.n_levels else space.workload.dims
+        smallest = space.smallest_tiles(j)
         # Legal values of each loop, ascending; the smallest tile is always among them.
         legal = {x: sorted({smallest[x], *space.candidates[x][space.legal(x, space.candidates[x], parent[x], j)].tolist()})
                  for x in loops}
-        for x in loops:
-            below = [v for v in legal[x] if v <= tiles[j][x]]
-            tiles[j][x] = int(below[-1] if below else legal[x][0])
+
+        def at_most(x: str, v: float) -> int:
+            i = bisect.bisect_right(legal[x], v)
+            return int(legal[x][i - 1] if i else legal[x][0])
+
+        tiles[j] = {x: at_most(x, tiles[j][x]) for x in loops}
         cap = space.capacity(j)
+        steps = 0
         while space.usage(j, tiles[j]) > cap:
+            if deadline is not None and deadline.expired():
+                return None
+            if steps == REPAIR_STEPS:
+                tiles[j] = _scale_to_fit(space, j, tiles[j], smallest, at_most)
+                if tiles[j] is None:
+                    return None
+                break
             x = max(loops, key=lambda y: tiles[j][y] / smallest[y])
             if tiles[j][x] == smallest[x]:
                 return None
-            tiles[j][x] = int(max(v for v in legal[x] if v < tiles[j][x]))
+            tiles[j][x] = legal[x][bisect.bisect_left(legal[x], tiles[j][x]) - 1]
+            steps += 1
     return tiles
+
+
+def _scale_to_fit(space: Space, level: int, tile: dict[str, int], smallest, at_most) -> dict[str, int] | None:
+    """The tile with every loop scaled by the largest common factor that fits (bisection), or None."""
+    def scaled(f: float) -> dict[str, int]:
+        return {x: at_most(x, max(smallest[x], t * f)) for x, t in tile.items()}
+
+    cap = space.capacity(level)
+    if space.usage(level, scaled(0.0)) > cap:
+        return None
+    lo, hi = 0.0, 1.0
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if space.usage(level, scaled(mid)) <= cap else (lo, mid)
+    return scaled(lo)
+
+
+REFIT_GRID = 100_000  # largest set of one level's tile combinations refit costs at once
+
+
+def refit(space: Space, orders, tiles: list[dict[str, int]], deadline: Deadline) -> Candidate | None:
+    """The best feasible plan that re-chooses one level's tiles among all its legal candidates,
+    the other levels fixed (each level tried, innermost first; the first that yields one wins).
+
+    For rounded solutions that break a rule no relaxation models, such as a GPU launch
+    needing whole warps of threads; None when no level's search finds a feasible plan.
+    """
+    loops, n = space.loops, space.n_levels
+    for j in range(n):
+        if deadline.expired():
+            return None
+        parent = tiles[j + 1] if j + 1 < n else space.workload.dims
+        options = []
+        for x in loops:
+            c = space.candidates[x]
+            options.append(c[np.broadcast_to(space.legal(x, c, parent[x], j), c.shape)])
+        if math.prod(len(o) for o in options) > REFIT_GRID:
+            continue
+        grid = [g.ravel() for g in np.meshgrid(*options, indexing="ij")]
+        trial = [{x: np.full(len(grid[0]), t[x]) for x in loops} for t in tiles]
+        trial[j] = dict(zip(loops, grid))
+        pred, mmax, msum, ok = score(space, orders, trial)
+        rows = np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
+        if len(rows):
+            r = rows[np.lexsort((msum[rows], mmax[rows], pred[rows]))[0]]
+            found = [dict(t) for t in tiles]
+            found[j] = {x: int(g[r]) for x, g in zip(loops, grid)}
+            return Candidate(tuple(tuple(o) for o in orders), tuple(tuple(t[x] for x in loops) for t in found),
+                             (float(pred[r]), float(mmax[r]), float(msum[r])))
+    return None
 
 
 def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
@@ -102,6 +174,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
             if moves:
                 arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(n)]
                 pred, mmax, msum, ok = score(space, best.orders, arrays)
+                deadline.spend(space.work(len(moves), space.n_levels))
                 fill = _fill(space, arrays)
                 options += [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), best.orders, moves[m])
                             for m in np.flatnonzero(ok)]
@@ -111,6 +184,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                         if order != best.orders[j]:
                             orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
                             key, ok = _key(space, orders, tiles)
+                            deadline.spend(space.work(levels=space.n_levels))
                             if ok:
                                 options.append((key, best_fill, orders, best.tiles))
             if grow:

@@ -9,13 +9,14 @@ non-dominated (MU, DV) points are the Pareto front.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable, Sequence
 
 import numpy as np
 from pydantic import BaseModel, Field
 
-from ..models.costmodel import memory_usage
-from ..models.errors import InvalidInput
+from ..models.checked import check_hardware, check_workload
+from ..models.errors import Infeasible, InvalidInput, NoPlanInTime
 from ..models.hardware import Hardware
 from ..models.objective import dv_objective
 from ..models.plan import Plan, Status
@@ -67,19 +68,22 @@ def with_capacity(hardware: Hardware, level: int, capacity: int) -> Hardware:
 def capacity_sweep(workload: Workload, hardware: Hardware, level: int | str, points: int = 12) -> list[int]:
     """`points` capacities, geometrically spaced, from the smallest tiling's MU to the most the level can use.
 
-    The smallest tiling is the one tune's feasibility check uses (Space.min_footprint); the sweep
-    starts at the smallest capacity whose usable share (the target's) holds it.
+    The smallest tiling is the one tune's feasibility check uses at this level
+    (Space.level_footprint: on SIMD registers and GPU levels the target's own usage); the
+    sweep starts at the smallest capacity whose usable share (the target's) holds it.
 
     The most is the MU of the whole problem, or the next level out's capacity
     if smaller (inner tiles never exceed outer ones). The level's own capacity
     is added when it lies in that range, so the design point is on the curve.
     """
-    if points < 2:
-        raise InvalidInput(f"a sweep needs at least 2 points, got {points}")
+    check_workload(workload)
+    check_hardware(hardware)
+    if isinstance(points, bool) or not isinstance(points, int) or points < 2:
+        raise InvalidInput(f"a sweep needs an integer number of points >= 2, got {points!r}")
     i = level_index(hardware, level)
-    need = Space(workload, hardware).min_footprint()  # the optimizer's own smallest tiling
-    lo = hardware.target.capacity_for(hardware.levels[i], need)  # whose usable share holds it
-    hi = float(memory_usage(workload, workload.dims))
+    space = Space(workload, hardware, stages=hardware.target.default_stages)
+    lo = hardware.target.capacity_for(hardware.levels[i], space.level_footprint(i))
+    hi = float(space.usage(i, workload.dims))
     if i + 1 < len(hardware.levels):
         hi = min(hi, hardware.levels[i + 1].capacity_bytes)
     hi = max(hi, lo)
@@ -112,21 +116,32 @@ def pareto(
     `capacities` defaults to `capacity_sweep(workload, hardware, level, points)`.
     Each capacity is one solve with `solver` and `time_limit` seconds, whose
     status the point reports (`optimal` means DV_l is the proven minimum).
-    A capacity below the smallest tiling's footprint raises InfeasibleError.
+    A capacity given in `capacities` that no plan fits raises InfeasibleError; the
+    default sweep leaves such capacities out (on GPUs a block needs whole warps of
+    threads, so the smallest footprint alone may not launch), and those where the
+    solver found no plan in time (the tightest capacities search longest), and
+    raises only when no capacity gave a plan.
     `progress(fraction, message)` is called before each solve and at the end.
     """
+    check_workload(workload)
+    check_hardware(hardware)
     i = level_index(hardware, level)
+    if capacities is not None:
+        bad = [c for c in capacities if isinstance(c, bool) or not isinstance(c, numbers.Integral) or c < 1]
+        if bad or not capacities:
+            raise InvalidInput(f"capacities must be whole numbers of bytes >= 1, got {bad[0] if bad else 'none'!r}")
     caps = sorted({int(c) for c in (capacity_sweep(workload, hardware, i, points) if capacities is None else capacities)})
-    if not caps:
-        raise InvalidInput("no capacities to sweep")
-    if caps[0] < 1:
-        raise InvalidInput(f"capacities must be >= 1 byte, got {caps[0]}")
     swept = []
     for n, cap in enumerate(caps):
         if progress:
             progress(n / len(caps), f"{hardware.levels[i].name} capacity {cap} B")
         real = with_capacity(hardware, i, cap)
-        result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
+        try:
+            result = tune(workload, real, solver, time_limit, top=0, objective=dv_objective(real, i))
+        except (Infeasible, NoPlanInTime):
+            if capacities is not None or (n == len(caps) - 1 and not swept):
+                raise
+            continue
         plan = result.plan  # costed on the hardware with this capacity
         swept.append(ParetoPoint(
             capacity_bytes=cap, mu_bytes=plan.levels[i].mu_bytes, dv_bytes=plan.levels[i].dv_bytes,

@@ -21,6 +21,12 @@ A loop with a single trip at a level is a discrete choice too (it changes
 which loops the formula sees), so each level picks an (order, single-trip
 loops) pair; distinct formulas only. Every combination is solved when there
 are few, else coordinate descent changes one level's pair at a time.
+
+Rounding: floor, nearest and ceil of the relaxed tiles, repaired to fit
+(local.repair); if none obeys every rule (GPU launches need whole warps, which
+no relaxation sees), one level is re-chosen among all its candidates
+(local.refit). If still nothing is feasible, `enumerate` decides with the time
+left, so these solvers never call a problem infeasible that has a plan.
 """
 from __future__ import annotations
 
@@ -32,8 +38,8 @@ import warnings
 import numpy as np
 
 from . import budget
-from .local import polish, repair
-from .registry import Candidate, Deadline, SolveResult, TopK, register, score
+from .local import polish, refit, repair
+from .registry import SOLVERS, Candidate, Deadline, SolveResult, TopK, register, score
 from .space import Space, order_classes, relaxed_signature
 
 EXHAUSTIVE_COMBOS = 32
@@ -187,18 +193,24 @@ def _run(engine: str, model, seconds: float) -> str:
 
 
 def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Deadline) -> Candidate | None:
-    """Integer tiles near a relaxed solution: floor, nearest and ceil variants, repaired and scored."""
-    best = None
+    """Integer tiles near a relaxed solution: floor, nearest and ceil variants, repaired and scored;
+    when none is feasible, one level of a repaired variant is re-chosen (local.refit)."""
+    best, repaired = None, []
     for fn in (math.floor, round, math.ceil):
-        tiles = repair(space, [{x: max(1, int(fn(v + 1e-9))) for x, v in t.items()} for t in relaxed])
-        if tiles is None:
+        tiles = repair(space, [{x: max(1, int(fn(v + 1e-9))) for x, v in t.items()} for t in relaxed], deadline)
+        if tiles is None or tiles in repaired:
             continue
+        repaired.append(tiles)
         pred, mmax, msum, ok = score(space, orders, tiles)
         if not ok:
             continue
         cand = Candidate(tuple(orders), tuple(tuple(t[x] for x in space.loops) for t in tiles), (float(pred), float(mmax), float(msum)))
         if best is None or cand.key < best.key:
             best = cand
+    for tiles in repaired if best is None else []:
+        best = refit(space, orders, tiles, deadline)
+        if best is not None:
+            break
     return None if best is None else polish(space, best, Deadline(min(deadline.left(), budget.ROUND_POLISH_SECONDS)), rounds=10)
 
 
@@ -225,15 +237,20 @@ def _solve(space: Space, deadline: Deadline, top: int, engine: str) -> SolveResu
     best = TopK(max(top, 1))
     solved = [0]
     conditions: list[str] = []
+    import pyomo.environ  # noqa: F401  (first use in a process: ~0.4 s, before the rounding share is set)
+
+    # Without a feasible rounded solution by then, the rest of the time goes to enumeration.
+    rounding = Deadline(deadline.left() * budget.ROUNDING_SHARE)
 
     def at_bound() -> bool:
         return bool(best.items) and space.meets_lower_bound(best.items[0].key[0])
 
     def attempt(choice) -> Candidate | None:
-        if deadline.expired() or at_bound():
+        limit = deadline if best.items else rounding
+        if limit.expired() or at_bound():
             return None
         model, extract = build(space, choice)
-        cond = _run(engine, model, deadline.left())
+        cond = _run(engine, model, limit.left())
         conditions.append(cond)
         solved[0] += 1
         if cond in ("infeasible", "unknown") or cond.startswith(("error", "other")):
@@ -271,8 +288,12 @@ def _solve(space: Space, deadline: Deadline, top: int, engine: str) -> SolveResu
         errors = [c for c in conditions if c.startswith("error")]
         if errors and len(errors) == len(conditions):
             return SolveResult("error", [], solved[0], errors[0].removeprefix("error: "))
-        status = "timeout" if timed_out else "infeasible"
-        return SolveResult(status, [], solved[0], "no feasible rounded solution")
+        if deadline.expired():
+            return SolveResult("timeout", [], solved[0], "no feasible rounded solution")
+        # No rounded solution was feasible, which proves nothing (the relaxation cannot see every
+        # rule, such as whole warps on GPUs): enumeration decides with the time left.
+        found = SOLVERS["enumerate"](space, deadline, top)
+        return SolveResult(found.status, found.plans, solved[0] + found.evaluated, found.message)
     return SolveResult("timeout" if timed_out else "feasible", best.items, solved[0])
 
 

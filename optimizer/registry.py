@@ -39,32 +39,60 @@ class SolveResult:
 
 
 class Deadline:
-    """Wall-clock budget shared by a solve and the steps inside it."""
+    """Wall-clock budget shared by a solve and the steps inside it, and optionally a budget of
+    search work (budget.py's units: about one cost-model call each). A pass bounded by work
+    instead of a fixed number of seconds finds the same plans on a busy machine as on an idle
+    one, so the CLI, the service and a cache miss agree; the time limit still bounds it."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, work: float | list[float] | None = None):
         self.start = time.perf_counter()
         self.end = self.start + seconds
+        # Work left, in a list shared with the deadlines `part` cuts from this one.
+        self._work = work if isinstance(work, list) else None if work is None else [float(work)]
+
+    def part(self, fraction: float) -> Deadline:
+        """A deadline `fraction` of the time left away, drawing on the same work budget."""
+        return Deadline(self.left() * fraction, self._work)
+
+    def spend(self, units: float) -> None:
+        if self._work is not None:
+            self._work[0] -= units
 
     def left(self) -> float:
         return self.end - time.perf_counter()
 
     def expired(self) -> bool:
-        return time.perf_counter() >= self.end
+        return time.perf_counter() >= self.end or (self._work is not None and self._work[0] <= 0)
+
+
+def rank(cand: Candidate) -> tuple:
+    """What candidates are sorted by: the ranking key. Ties keep the order the search found
+    them in (it visits larger tiles first), which is the same in every run: every pass that
+    stops early is bounded by work, not by the clock (Deadline), unless the time limit is hit."""
+    return cand.key
 
 
 @dataclass
 class TopK:
-    """The best k distinct candidates seen so far."""
+    """The best k distinct candidates seen so far, best first (rank). With a space (tune's
+    final ranking) plans that differ only where one-trip loops sit (Space.canonical) count
+    once, as the first of them added. The searches keep such variants apart: each is a
+    different start for the polish, whose tile moves can give those loops trips."""
 
     k: int
+    space: Space | None = None
     items: list[Candidate] = field(default_factory=list)
 
-    def add(self, cand: Candidate) -> None:
-        if any(c.orders == cand.orders and c.tiles == cand.tiles for c in self.items):
-            return
-        self.items.append(cand)
-        self.items.sort(key=lambda c: c.key)
-        del self.items[self.k :]
+    def _same(self, cand: Candidate) -> Candidate:
+        return self.space.canonical(cand) if self.space is not None else cand
+
+    def add(self, cand: Candidate) -> bool:
+        """Add `cand` unless held already; returns whether it was new."""
+        same = self._same(cand)
+        if any(c.orders == same.orders and c.tiles == same.tiles for c in map(self._same, self.items)):
+            return False
+        self.items = sorted([*self.items, cand], key=rank)[: self.k]
+        return True
 
     def worst_primary(self) -> float:
         """Objective a new plan must beat to enter; inf until k plans are held."""

@@ -26,6 +26,7 @@ exhaustive.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -38,12 +39,19 @@ from ..models.hardware import Hardware
 from ..models.objective import Objective, time_objective
 from ..models.targets import Target
 from ..models.workload import Workload
+from . import budget
+
+
+@functools.lru_cache(maxsize=64)
+def divisors(extent: int) -> tuple[int, ...]:
+    """Every divisor of `extent`, ascending (O(sqrt(extent)) steps: 46341 at MAX_EXTENT)."""
+    low = [d for d in range(1, math.isqrt(extent) + 1) if extent % d == 0]
+    return tuple(sorted({*low, *(extent // d for d in low)}))
 
 
 def tile_candidates(extent: int, fine: bool = True) -> np.ndarray:
     """Sorted candidate tile extents for one loop."""
-    values = {d for d in range(1, int(extent**0.5) + 1) if extent % d == 0}
-    values |= {extent // d for d in values}
+    values = set(divisors(extent))
     values |= {1 << i for i in range(extent.bit_length()) if 1 << i < extent}
     values.add(extent)
     if fine:
@@ -219,6 +227,25 @@ class Space:
                 break
         return np.stack([rows[x][keep] for x in self.loops], axis=1)
 
+    def canonical(self, cand):
+        """The candidate with each level's one-trip loops (tile equal to the tile above) moved to
+        the end of their group (the target's leading loops, the other shared loops, the private
+        loops), in `loops` order. Where such a loop sits changes neither a cost nor the kernel, so
+        plans that differ only there are one plan."""
+        dims = [self.workload.dims[x] for x in self.loops]
+        leading, shared = set(self.target.leading_loops(self.workload)), set(self.workload.shared_loops)
+        orders = []
+        for j, order in enumerate(cand.orders):
+            parent = cand.tiles[j + 1] if j + 1 < len(cand.tiles) else dims
+            single = {x for i, x in enumerate(self.loops) if -(-parent[i] // cand.tiles[j][i]) == 1}
+
+            def place(x, order=order, single=single):
+                group = 0 if x in leading else 1 if x in shared else 2
+                return group, x in single, self.loops.index(x) if x in single else order.index(x)
+
+            orders.append(tuple(sorted(order, key=place)))
+        return dataclasses.replace(cand, orders=tuple(orders))
+
     def serial_seconds(self, orders, tiles) -> np.ndarray | float:
         """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
         tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest."""
@@ -238,6 +265,13 @@ class Space:
             out[i] = self._serial[key]
         return out.reshape(shape) if shape else float(out[0])
 
+    def work(self, rows: int = 1, levels: int = 1) -> float:
+        """Units of search work (budget.py) of costing `rows` candidates over `levels` levels: a
+        cost-model call's time grows with the terms it sums (each op's tensors times the loops),
+        a gemm's call being one unit, and with the rows beyond ROWS_PER_UNIT."""
+        terms = sum(len(op.inputs) + 1 for op in self.workload.ops) * len(self.loops) / 9
+        return terms * levels * (1 + rows / budget.ROWS_PER_UNIT)
+
     def coarse(self) -> Space:
         """The same space over the coarse candidate sets (same objective and stages)."""
         return dataclasses.replace(self, fine=False)
@@ -254,17 +288,26 @@ class Space:
     def n_levels(self) -> int:
         return len(self.hardware.levels)
 
-    def smallest_tiles(self) -> dict[str, int]:
-        """The smallest emittable tile of each loop: 1, or one vector on vector loops."""
-        return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
+    def smallest_tiles(self, level: int | None = None) -> dict[str, int]:
+        """The smallest emittable tile of each loop: 1, or one vector on vector loops; at `level`,
+        the smallest candidate the target allows there (GPUs hold serial loops whole at L2)."""
+        if level is None:
+            return {x: min(self.lanes[x], e) for x, e in self.workload.dims.items()}
+        smallest = {}
+        for x, e in self.workload.dims.items():
+            c = self.candidates[x]
+            allowed = c[np.broadcast_to(self.legal(x, c, e, level), c.shape)]
+            smallest[x] = int(allowed[0]) if len(allowed) else e
+        return smallest
 
     def min_footprint(self) -> float:
         """MU with the smallest tiles: below this no level can hold a plan."""
         return float(memory_usage(self.workload, self.smallest_tiles()))
 
     def level_footprint(self, level: int) -> float:
-        """Usage of `level` with the smallest tiles."""
-        return float(self.usage(level, self.smallest_tiles()))
+        """Usage of `level` (as the target counts it) with the smallest tiles allowed there:
+        below this the level cannot hold a plan."""
+        return float(self.usage(level, self.smallest_tiles(level)))
 
     def capacity(self, level: int) -> int:
         """Bytes a plan may hold in `level` (the target's usable share of its capacity)."""

@@ -1,8 +1,11 @@
 """The optimizer's front door: workload + hardware -> ranked, costed plans."""
 from __future__ import annotations
 
+import math
+import numbers
 import time
 
+from ..models.checked import check_hardware, check_workload
 from ..models.errors import Infeasible, InvalidInput, NoPlanInTime, SolverFailed
 from ..models.hardware import Hardware
 from ..models.objective import Objective
@@ -10,7 +13,7 @@ from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import polish
-from .registry import SOLVERS, Deadline, SolveResult, rescore
+from .registry import SOLVERS, Deadline, SolveResult, TopK, rescore
 from .space import Space
 
 InfeasibleError = Infeasible  # the name this module exported before errors were typed
@@ -18,21 +21,34 @@ MAX_STAGES = 8
 
 
 def check_capacities(space: Space) -> None:
+    space.target.check_launch(space.workload, space.stages)
     for j, lv in enumerate(space.hardware.levels):
         need, usable = space.level_footprint(j), space.capacity(j)
         if usable < need:
             share = f" ({usable} usable with {lv.ways}-way LRU)" if usable < lv.capacity_bytes else ""
             raise Infeasible(
                 f"level {lv.name!r} holds {lv.capacity_bytes} bytes{share} but the smallest tiling "
-                f"({_smallest(space)}) needs {need:.0f} bytes"
+                f"({_smallest(space, j)}) needs {need:.0f} bytes"
             )
 
 
-def _smallest(space: Space) -> str:
-    tiles = space.smallest_tiles()
+def _smallest(space: Space, level: int) -> str:
+    tiles = space.smallest_tiles(level)
     if all(v == 1 for v in tiles.values()):
         return "every tile 1"
     return "tiles " + ", ".join(f"{x}={v}" for x, v in tiles.items())
+
+
+def check_time_limit(seconds) -> float:
+    """The time limit as a float; InvalidInput unless it is a finite number of seconds > 0
+    (nan would never expire, inf never end)."""
+    if isinstance(seconds, bool) or not isinstance(seconds, numbers.Real) or not math.isfinite(seconds) or seconds <= 0:
+        raise InvalidInput(f"time limit must be a finite number of seconds > 0, got {seconds!r}")
+    return float(seconds)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def tune(
@@ -54,32 +70,35 @@ def tune(
     NoPlanInTime when the time limit passes before any feasible plan is found,
     and SolverFailed when the solver itself fails.
     """
-    if solver not in SOLVERS:
+    start = time.perf_counter()
+    deadline = Deadline(check_time_limit(time_limit))  # setting up the space counts against the limit
+    check_workload(workload)
+    check_hardware(hardware)
+    if not isinstance(solver, str) or solver not in SOLVERS:
         raise InvalidInput(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
-    if time_limit <= 0:
-        raise InvalidInput(f"time limit must be > 0 seconds, got {time_limit}")
-    if top < 0:
-        raise InvalidInput(f"top must be >= 0, got {top}")
+    if not _is_int(top) or top < 0:
+        raise InvalidInput(f"top must be an integer >= 0, got {top!r}")
     target = hardware.target
     if stages is None:
         stages = target.default_stages
-    if not 1 <= stages <= MAX_STAGES:
-        raise InvalidInput(f"stages must be between 1 and {MAX_STAGES}, got {stages}")
+    if not _is_int(stages) or not 1 <= stages <= MAX_STAGES:
+        raise InvalidInput(f"stages must be between 1 and {MAX_STAGES}, got {stages!r}")
     target.check_stages(stages)
-    start = time.perf_counter()
     space = Space(workload, hardware, stages=stages, objective=objective)
     check_capacities(space)
-    deadline = Deadline(time_limit)
     result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
     if not result.plans:
         if result.status == "infeasible":
             raise Infeasible(result.message or "no tiling fits the level capacities")
         if result.status == "error":
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
-        raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({result.status})")
-    polish_deadline = Deadline(min(deadline.left(), budget.POLISH_SECONDS))
-    plans = [rescore(space, polish(space, c, polish_deadline)) for c in result.plans]
-    plans = sorted({(c.orders, c.tiles): c for c in plans}.values(), key=lambda c: c.key)
+        why = f"{result.status}: {result.message}" if result.message else result.status
+        raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
+    polish_deadline = Deadline(deadline.left(), budget.POLISH_WORK)
+    polished = TopK(len(result.plans), space)  # canonical and distinct, best first
+    for cand in result.plans:
+        polished.add(rescore(space, polish(space, cand, polish_deadline)))
+    plans = polished.items
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
     return TuneResult(
         workload=workload,

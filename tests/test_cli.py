@@ -130,6 +130,9 @@ def test_gemm_chain_defaults_to_m():
         (["gemm", "--M", "4", "--N", "4", "--K", "4", "--hardware", "tpu"], "unknown hardware 'tpu'"),
         (["gemm", "--M", "4", "--N", "4", "--K", "4", "--solver", "magic"], "argument --solver: invalid choice: 'magic'"),
         (["gemm", "--M", "4", "--N", "4", "--K", "4", "--time-limit", "0"], "argument --time-limit: 0 must be > 0"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--time-limit", "inf"], "argument --time-limit: 'inf' is not a finite number"),
+        (["gemm", "--M", "4", "--N", "4", "--K", "4", "--time-limit", "nan"], "argument --time-limit: 'nan' is not a finite number"),
+        (["serve", "--max-time-limit", "inf"], "argument --max-time-limit: 'inf' is not a finite number"),
         (["gemm", "--M", "4", "--N", "4", "--K", "4", "--top", "-1"], "argument --top: -1 must be >= 0"),
         (["gemm", "--M", "4", "--N", "4"], "the following arguments are required: --K"),
         (["workload", "/nonexistent/w.json"], "cannot read /nonexistent/w.json"),
@@ -151,12 +154,21 @@ def test_capacity_nothing_fits_in(tmp_path):
     "workload,match",
     [
         ("{not json", "is not valid JSON: Expecting property name enclosed in double quotes at line 1 column 2"),
-        ('{"kind": "gemm", "dims": {"m": 0, "n": 4, "k": 4}}', "dims: loop 'm' has extent 0; extents must be >= 1"),
-        ('{"kind": "gemm", "dims": {"m": -2, "n": 4, "k": 4}}', "loop 'm' has extent -2"),
-        ('{"kind": "gemm", "dims": {"m": 4, "n": 4, "k": 4}, "dtype": "float8"}', "unknown dtype 'float8'"),
-        ('{"kind": "conv", "dims": {"m": 4}}', "unknown workload kind 'conv'"),
-        ('{"kind": "gemm", "dims": {"m": 4, "n": 4}}', "gemm needs extents for ['k']"),
-        ('[1, 2]', "a workload must be a JSON object"),
+        # Files are validated by the service's schema (api/request.py), so the messages are its own.
+        ('{"kind": "gemm", "dims": {"m": 0, "n": 4, "k": 4}}', "gemm.dims.m: Input should be greater than or equal to 1"),
+        ('{"kind": "gemm", "dims": {"m": -2, "n": 4, "k": 4}}', "gemm.dims.m: Input should be greater than or equal to 1"),
+        ('{"kind": "gemm", "dims": {"m": 4, "n": 4, "k": 4}, "dtype": "float8"}', "gemm.dtype: Input should be 'float32'"),
+        ('{"kind": "conv", "dims": {"m": 4}}', "Input tag 'conv' found using 'kind' does not match any of the expected tags"),
+        ('{"kind": "gemm", "dims": {"m": 4, "n": 4}}', "gemm.dims.k: Field required"),
+        ('[1, 2]', "Input should be a valid dictionary or instance of Workload"),
+        # Strict, as the service: a string or a boolean is not a size.
+        ('{"kind": "gemm", "dims": {"m": "32", "n": 4, "k": 4}}', "gemm.dims.m: Input should be a valid integer"),
+        ('{"kind": "gemm", "dims": {"m": 32, "n": true, "k": 4}}', "gemm.dims.n: Input should be a valid integer"),
+        ('{"dims": {"m": "32"}, "tensors": {"A": {"dims": ["m"]}, "C": {"dims": ["m"]}}, '
+         '"ops": [{"name": "o", "loops": ["m"], "inputs": ["A"], "output": "C"}]}', "extents must be integers"),
+        # A tensor indexed by no loop: one line, not an IndexError.
+        ('{"dims": {"m": 4}, "tensors": {"A": {"dims": []}, "C": {"dims": ["m"]}}, '
+         '"ops": [{"name": "o", "loops": ["m"], "inputs": ["A"], "output": "C"}]}', "tensors.A.dims: List should have at least 1 item"),
     ],
 )
 def test_bad_workload_files(tmp_path, workload, match):
@@ -193,10 +205,44 @@ def test_bad_full_workloads(tmp_path, patch, match):
         ({**CUSTOM, "peak_flops": 0}, "peak_flops: Input should be greater than 0"),
         ({**CUSTOM, "levels": [{"name": "x", "capacity_bytes": -1, "bandwidth_bytes_per_s": 1}]}, "levels.0.capacity_bytes: Input should be greater than 0"),
         ({**CUSTOM, "levels": [CUSTOM["levels"][0]] * 2}, "level names must be unique"),
+        # As strict as the service: "4096" is not a capacity.
+        ({**CUSTOM, "levels": [{"name": "x", "capacity_bytes": "4096", "bandwidth_bytes_per_s": 1}]},
+         "levels.0.capacity_bytes: Input should be a valid integer"),
+        # A vector narrower than one element (float64 is 8 bytes): one line, not a division by zero.
+        ({**CUSTOM, "vector_bytes": 4, "levels": [{**CUSTOM["levels"][0], "name": "registers"}]},
+         "vector_bytes 4 of 'two-level' holds no float64 element (8 bytes)"),
     ],
 )
 def test_bad_hardware_files(tmp_path, hardware, match):
-    bad("gemm", "--M", "4", "--N", "4", "--K", "4", "--hardware", write(tmp_path, "hw.json", hardware), match=match)
+    bad("gemm", "--M", "4", "--N", "4", "--K", "4", "--dtype", "float64", "--hardware", write(tmp_path, "hw.json", hardware),
+        match=match)
+
+
+@pytest.mark.parametrize("cache", ["a-directory", "not-sqlite.db", "missing/parent/is/a/file/x.sqlite"])
+def test_serve_refuses_a_cache_that_is_not_sqlite(tmp_path, cache):
+    """Not started, then 500 on every request: one line and exit 2 before listening."""
+    (tmp_path / "a-directory").mkdir()
+    (tmp_path / "not-sqlite.db").write_text("plans, but not a database")
+    (tmp_path / "missing").write_text("a file where a folder should be")
+    proc = subprocess.run([*TUNE, "serve", "--cache", str(tmp_path / cache), "--port", "0"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 2 and proc.stdout == ""
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"tune: error: --cache {tmp_path / cache} is not a usable SQLite plan cache: "), line
+
+
+def test_double_buffering_that_changes_nothing_says_why(tmp_path):
+    """The issue's gemm 512^3: every input copy is made once, at the root, so nothing is pipelined."""
+    from golden_cases import SIMD  # a fixed 2-core AVX-512 machine, so the plan is the same everywhere
+
+    args = ["gemm", "--M", "512", "--N", "512", "--K", "512", "--export", str(tmp_path / "out"), "--double-buffer",
+            "--hardware", write(tmp_path, "simd.json", SIMD)]
+    doc = json.loads(tune(*args, "--json").stdout)
+    copies = [c for c in doc["plan"]["caches"] if c["level"] != "registers" and not c["skipped_thrifty"]]
+    assert copies and all(not c["double_buffer"] for c in copies)
+    assert {c["note"] for c in copies} == {"filled once, before every loop: there is no next block to overlap"}
+    text = tune(*args).stdout
+    assert "double buffering changes nothing: A in L3: filled once, before every loop" in text
 
 
 def test_console_script_is_installed():
@@ -251,7 +297,7 @@ def test_a_tvm_failure_inside_a_build_is_reported_as_build_failed(monkeypatch, c
     from cachetile.api import cli
     from cachetile.backends import llvm_emit
 
-    def vectorize_a_reduction(sch, nests, op, micro):  # TVM refuses: k is not data parallel
+    def vectorize_a_reduction(sch, nests, op, micro, lanes):  # TVM refuses: k is not data parallel
         sch.vectorize(nests.loops[(op.name, (micro[0], -1))])
 
     monkeypatch.setattr(llvm_emit, "_micro_kernel", vectorize_a_reduction)

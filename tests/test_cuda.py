@@ -28,6 +28,9 @@ SHAPES = [
     ("gemm-chain", {"b": 2, "m": 128, "k": 64, "l": 128, "n": 64}),
     ("gemm-chain", {"m": 96, "k": 40, "l": 200, "n": 72}),
     ("gemm-chain", {"b": 3, "m": 7, "k": 1, "l": 97, "n": 33}),
+    # One-element blocks (k = 1 with m or n = 1) are read from memory, not copied to shared memory.
+    ("gemm", {"m": 1, "n": 1, "k": 1}),
+    ("gemm-chain", {"m": 64, "k": 1, "l": 64, "n": 64}),
 ]
 
 
@@ -113,6 +116,21 @@ def test_emitted_cuda_schedule_computes_the_workload(kind, dims):
         want = numpy_reference(w)(arrays)[w.signature[-1]]
         got = args[-1].numpy()
         assert np.abs(got - want).max() <= 1e-3 * np.abs(want).max()
+
+
+@pytest.mark.parametrize("kind,dims", [("gemm", {"m": 1, "n": 1, "k": 1}), ("gemm", {"m": 1, "n": 4096, "k": 1}),
+                                       ("gemm", {"m": 64, "n": 1, "k": 1}),
+                                       ("gemm-chain", {"m": 64, "k": 1, "l": 64, "n": 64})])
+def test_one_element_blocks_build_for_cuda(kind, dims):
+    """Every plan tune returns builds: a one-element block is read from memory by every thread
+    (TVM 0.27 fails to place a one-element dynamic shared buffer), and the plan says so."""
+    w = builtin(kind, dims)
+    result = tune(w, H100, time_limit=2)
+    built = build_cuda(w, H100, result.plan)
+    single = [c for c in built.emitted.caches if c.layout == "one element, read from memory by every thread"]
+    assert single and all(c.skipped_thrifty and not c.double_buffer for c in single)
+    script = built.emitted.schedule.mod.script()
+    assert all(f"{c.tensor}_shared_dyn" not in script for c in single) and "__global__" in built.source
 
 
 def test_a_wrong_schedule_is_caught_by_the_serial_check():

@@ -123,7 +123,7 @@ def test_unknown_solver_and_bad_limits():
     hw = memory_bound([("L1", 1024, 1e9)])
     with pytest.raises(ValueError, match="unknown solver 'magic'"):
         tune(w, hw, "magic")
-    with pytest.raises(ValueError, match="time limit must be > 0 seconds"):
+    with pytest.raises(ValueError, match="time limit must be a finite number of seconds > 0"):
         tune(w, hw, "enumerate", time_limit=0)
 
 

@@ -3,8 +3,8 @@ import numpy as np
 import pytest
 from conftest import memory_bound
 
-from cachetile import InfeasibleError, builtin, capacity_sweep, data_volume, memory_usage, pareto
-from cachetile.optimizer.space import order_classes
+from cachetile import InfeasibleError, builtin, capacity_sweep, data_volume, memory_usage, pareto, preset
+from cachetile.optimizer.space import Space, order_classes
 
 
 def brute_force_curve(w):
@@ -79,6 +79,23 @@ def test_default_sweep_and_progress():
     assert dvs == sorted(dvs, reverse=True)  # more room never moves more data
 
 
+@pytest.mark.parametrize("level", ["registers", "shared"])
+def test_gpu_presets_sweep_the_levels_own_usage(level):
+    """The README's example: on GPUs a level's usage is the target's (registers per thread,
+    shared memory with its stages), so the sweep starts from that smallest tiling, not from the
+    plain MU tune would reject; capacities no launch fits (a block needs whole warps) are left out."""
+    w = builtin("gemm-chain", {"m": 64, "k": 16, "l": 64, "n": 16})
+    hw = preset("h100")
+    caps = capacity_sweep(w, hw, level, points=4)
+    i = [lv.name for lv in hw.levels].index(level)
+    assert caps[0] == Space(w, hw, stages=2).level_footprint(i) > float(memory_usage(w, {x: 1 for x in w.dims}))
+    front = pareto(w, hw, level, points=4, time_limit=2)
+    assert front.points and set(p.capacity_bytes for p in front.points) <= set(caps)
+    assert all(p.mu_bytes <= p.capacity_bytes for p in front.points)
+    dvs = [p.dv_bytes for p in front.points]
+    assert dvs == sorted(dvs, reverse=True) and front.front
+
+
 def test_bad_level_and_capacity():
     w = builtin("gemm", {"m": 8, "n": 8, "k": 8})
     hw = memory_bound([("R", 64, 4e11)])
@@ -131,3 +148,31 @@ def test_progress_bar_draws_fraction_and_message():
     with progress_bar("pareto", file=quiet) as bar:
         bar(0.5, "x")
     assert quiet.getvalue() == ""
+
+
+def test_a_swept_capacity_without_a_plan_in_time_is_left_out(monkeypatch):
+    """The default sweep skips a capacity whose solve timed out (the tightest search longest);
+    a capacity the caller asked for raises, and so does a sweep where every solve timed out."""
+    import cachetile.optimizer.pareto as module
+    from cachetile.models.errors import NoPlanInTime
+
+    w = builtin("gemm", {"m": 6, "n": 5, "k": 7})
+    hw = memory_bound([("L1", 10**6, 1e9)])
+    caps = capacity_sweep(w, hw, "L1", points=4)
+    real_tune = module.tune
+
+    def tune_timing_out_at(smallest):
+        def tune(workload, hardware, *args, **kwargs):
+            if hardware.levels[0].capacity_bytes <= smallest:
+                raise NoPlanInTime("solver 'auto' found no feasible plan within 1 s (timeout)")
+            return real_tune(workload, hardware, *args, **kwargs)
+        return tune
+
+    monkeypatch.setattr(module, "tune", tune_timing_out_at(caps[0]))
+    front = pareto(w, hw, "L1", points=4, time_limit=5)
+    assert [p.capacity_bytes for p in front.points] == caps[1:]
+    with pytest.raises(NoPlanInTime, match="within 1 s"):
+        pareto(w, hw, "L1", capacities=caps[:2], time_limit=5)
+    monkeypatch.setattr(module, "tune", tune_timing_out_at(caps[-1]))
+    with pytest.raises(NoPlanInTime, match="within 1 s"):
+        pareto(w, hw, "L1", points=4, time_limit=5)

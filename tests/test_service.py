@@ -88,6 +88,15 @@ def test_cache_survives_a_restart(tmp_path):
     ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": "4", "n": 4, "k": 4}}}, "body.workload: gemm.dims.m: Input should be a valid integer"),
     ({**GEMM, "workload": {**FULL, "dims": {"m": 4, "n": 4, "k": 0}}}, "body.workload: dims: loop 'k' has extent 0; extents must be >= 1"),
     ({**GEMM, "workload": {**FULL, "ops": FULL["ops"] * 2}}, "body.workload: op outputs must be unique, got ['C', 'C']"),
+    # A tensor indexed by no loop: 422, not the IndexError (and 500) it once was.
+    ({**GEMM, "workload": {**FULL, "tensors": {**FULL["tensors"], "A": {"dims": []}}}},
+     "body.workload: tensors.A.dims: List should have at least 1 item after validation, not 0"),
+    ({**GEMM, "workload": {**FULL, "dims": {"m": 4, "n": True, "k": 4}}}, "body.workload: dims: loop 'n' has extent True"),
+    # A vector narrower than one element: found when solving, still one line and 422.
+    ({**GEMM, "workload": {"kind": "gemm", "dims": {"m": 8, "n": 8, "k": 8}, "dtype": "float64"},
+      "hardware": {"name": "narrow", "peak_flops": 1e12, "vector_bytes": 4,
+                   "levels": [{"name": "registers", "capacity_bytes": 2048, "bandwidth_bytes_per_s": 1e12}]}},
+     "invalid: vector_bytes 4 of 'narrow' holds no float64 element (8 bytes)"),
     ({**GEMM, "top": "3"}, "body.top: Input should be a valid integer"),
     ({**GEMM, "time_limit": 0}, "body.time_limit: Input should be greater than 0"),
     ({**GEMM, "time_limit": 30}, "body.time_limit: 30 s exceeds this server's limit of 20 s"),

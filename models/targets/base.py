@@ -30,7 +30,7 @@ class Target:
     fine_candidates: ClassVar[bool] = True  # tile candidates include the block-count and small-integer sets
     default_stages: ClassVar[int] = 1
     # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
-    # stopped after budget.GPU_SECONDS, "exact" is enumerate with the NLP solver as fallback.
+    # stopped after budget.GPU_WORK, "exact" is enumerate with the NLP solver as fallback.
     auto_strategy: ClassVar[str] = "exact"
 
     def __init__(self, hardware: Hardware | None):
@@ -124,6 +124,9 @@ class Target:
         if stages > 1:
             name = self.hardware.name if self.hardware is not None else "this hardware"
             raise InvalidInput(f"stages apply to GPU shared memory; {name!r} is a CPU (use --double-buffer)")
+
+    def check_launch(self, workload: Workload, stages: int) -> None:
+        """Raise Infeasible when no plan can launch whatever its tiles (nothing to check off GPUs)."""
 
     # --- plan --------------------------------------------------------------------------
     def plan_extras(self, workload: Workload, names: list[str], orders, tiles, stages: int):

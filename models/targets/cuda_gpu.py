@@ -102,6 +102,20 @@ class CudaGpu(Target):
     def check_stages(self, stages):
         pass
 
+    def check_launch(self, workload, stages):
+        """The smallest launch: whole warps (or the whole output, when smaller) of one-point threads."""
+        from ..errors import Infeasible
+
+        g, name = self.hardware.gpu, self.hardware.name
+        points = int(np.prod([workload.dims[x] for x in workload.tensors[workload.ops[-1].output].dims]))
+        least = min(g.warp, points)
+        regs = int(gpu.registers(workload, {x: 1 for x in workload.dims}))
+        for limit, what in [(g.max_threads_per_block, "max_threads_per_block"), (g.max_threads_per_sm, "max_threads_per_sm"),
+                            (g.registers_per_sm // regs, f"registers_per_sm / {regs} registers per thread")]:
+            if least > limit:
+                raise Infeasible(f"a block needs at least {least} threads (whole warps of {g.warp}, or the whole "
+                                 f"output) but {name!r} allows {limit} ({what})")
+
     def plan_extras(self, workload, names, orders, tiles, stages):
         from ..caches import gpu_cache_records
 

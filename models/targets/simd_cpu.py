@@ -63,7 +63,13 @@ class SimdCpu(Target):
         return kernel_costs(workload, self.hardware, orders, tiles)
 
     def vector_lanes(self, workload) -> int:
-        return self.hardware.vector_bytes // workload.elem_bytes
+        lanes = self.hardware.vector_bytes // workload.elem_bytes
+        if lanes < 1:
+            from ..errors import InvalidInput
+
+            raise InvalidInput(f"vector_bytes {self.hardware.vector_bytes} of {self.hardware.name!r} holds no "
+                               f"{workload.dtype} element ({workload.elem_bytes} bytes)")
+        return lanes
 
     def register_weights(self, workload):
         """Per (op, input): 1 for vector loads, `lanes` for broadcasts; 2 for the output tile,
