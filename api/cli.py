@@ -3,6 +3,8 @@
     tune gemm --M 512 --N 512 --K 512
     tune gemm-chain --M 256 [--N .. --K .. --L ..] [--batch B]
     tune batch-gemm --batch 8 --M 256 --N 256 --K 256
+    tune conv2d --N 1 --C 64 --H 56 --W 56 --K 64 --R 3 --S 3 [--stride 1 --pad 1 --dilation 1 --layout nchw --groups 1 --pointwise F]
+    tune einsum "bmk,bkn->bmn" --dims b=12,m=512,n=512,k=64   (or equations: "C[m,n] = A[m,k]*B[k,n]; ...")
     tune workload FILE.json
     tune hardware [NAME|FILE.json] [--from-measurements]   (refit NAME to the plans autotuning measured)
     tune gemm ... [--target llvm] [--export DIR] [--measure]   (build the plan's kernel)
@@ -26,6 +28,7 @@ from pathlib import Path
 from ..backends.base import BuildOptions, backend_for, names as backend_names
 from ..backends.cuda import ARCHES
 from ..models.errors import InvalidInput
+from ..models.einsum import workload_from_equations
 from ..models.hardware import PRESETS, Hardware, hardware_from, read_json
 from ..models.workload import DTYPE_BYTES, KINDS, Workload, builtin
 from ..optimizer.pareto import ParetoFront, pareto
@@ -91,12 +94,33 @@ def _add_workloads(sub, parents: list[argparse.ArgumentParser]) -> None:
             default = kind.defaults.get(x)
             p.add_argument(_flag(x), dest=x, type=_positive_int, required=default is None,
                            help=f"defaults to {default.upper()}" if default else None)
-        p.add_argument(_flag("b"), dest="b", type=_positive_int, required=kind.batch == "required",
-                       help="a batch loop b indexing every tensor")
-        p.set_defaults(kind=kind.name, from_file=False)
+        if kind.batch != "none":
+            p.add_argument(_flag("b"), dest="b", type=_positive_int, required=kind.batch == "required",
+                           help="a batch loop b indexing every tensor")
+        for param in kind.params:
+            p.add_argument(f"--{param.name}", dest=f"param_{param.name}", default=param.default,
+                           choices=param.choices, type=None if param.choices else _number(int, param.minimum),
+                           help=param.help + (f" (default {param.default})" if param.default is not None else ""))
+        p.set_defaults(kind=kind.name, source="kind")
+    es = sub.add_parser("einsum", parents=parents, help="equations such as 'C[m,n] = A[m,k]*B[k,n]' (';' between "
+                        "ops), or an einsum spec such as 'bmk,bkn->bmn'")
+    es.add_argument("spec")
+    es.add_argument("--dims", type=_extents, required=True, metavar="X=E,..", help="every loop's extent")
+    es.set_defaults(kind="einsum", source="einsum")
     wl = sub.add_parser("workload", parents=parents, help="a workload from a JSON file")
     wl.add_argument("file")
-    wl.set_defaults(kind="workload", from_file=True)
+    wl.set_defaults(kind="workload", source="file")
+
+
+def _extents(text: str) -> dict[str, int]:
+    """`b=12,m=512` -> {"b": 12, "m": 512}."""
+    dims = {}
+    for part in text.split(","):
+        name, eq, value = part.partition("=")
+        if not eq or not name.strip():
+            raise argparse.ArgumentTypeError(f"{part!r} is not LOOP=EXTENT")
+        dims[name.strip()] = _positive_int(value.strip())
+    return dims
 
 
 def _capacities(text: str) -> list[int]:
@@ -178,11 +202,14 @@ def _hardware(spec: str) -> Hardware:
 
 
 def _workload(args) -> Workload:
-    if args.from_file:  # validated as the service validates a request's workload
+    if args.source == "file":  # validated as the service validates a request's workload
         return parse_workload(_unwrap(read_json(args.file), "workload"))
+    if args.source == "einsum":
+        return workload_from_equations(args.spec, args.dims, args.dtype)
     kind = KINDS[args.kind]
-    dims = {x: getattr(args, x) for x in ["b", *kind.loops] if getattr(args, x) is not None}
-    return builtin(args.kind, dims, args.dtype)
+    dims = {x: getattr(args, x, None) for x in ["b", *kind.loops]}
+    params = {p.name: getattr(args, f"param_{p.name}") for p in kind.params}
+    return builtin(args.kind, {x: v for x, v in dims.items() if v is not None}, args.dtype, params)
 
 
 def _pareto(args) -> list[ParetoFront]:

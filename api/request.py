@@ -15,6 +15,7 @@ from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter,
 from ..models.errors import InvalidInput
 from ..models.hardware import PRESETS, Hardware, preset
 from ..models.plan import TuneResult
+from ..models.einsum import workload_from_equations
 from ..models.workload import KINDS, MAX_EXTENT, Dtype, Kind, Workload, builtin
 from ..backends.rpc_tracker import parse_rpc
 from ..optimizer.tune import SOLVERS, tune
@@ -41,15 +42,33 @@ def _short_form(kind: Kind) -> type[BaseModel]:
     for x in kind.loops:
         default = kind.defaults.get(x)
         fields[x] = (Extent, ...) if default is None else (Extent | None, Field(None, description=f"defaults to {default}"))
-    fields["b"] = (Extent, Field(description=_BATCH)) if kind.batch == "required" else \
-        (Extent | None, Field(None, description=f"optional: {_BATCH}"))
+    if kind.batch != "none":
+        fields["b"] = (Extent, Field(description=_BATCH)) if kind.batch == "required" else \
+            (Extent | None, Field(None, description=f"optional: {_BATCH}"))
     config = ConfigDict(extra="forbid")
     dims = create_model(f"{_camel(kind.name)}Dims", __config__=config, **fields)
+    options: dict[str, Any] = {}
+    for p in kind.params:
+        kind_of = Literal[p.choices] if p.choices else Annotated[int, Field(ge=p.minimum)]
+        options[p.name] = (kind_of if p.default is not None else kind_of | None, Field(p.default, description=p.help))
     return create_model(_camel(kind.name), __config__=config, __doc__=kind.summary,
-                        kind=(Literal[kind.name], ...), dims=(dims, ...), dtype=(Dtype, "float32"))
+                        kind=(Literal[kind.name], ...), dims=(dims, ...), dtype=(Dtype, "float32"), **options)
 
 
-SHORT_FORMS = tuple(_short_form(k) for k in KINDS.values())
+class Einsum(BaseModel):
+    """Equations such as 'C[m,n] = A[m,k]*B[k,n]' run in order (or one einsum spec 'mk,kn->mn'),
+    with every loop's extent; `shapes` gives the stored shape of an input whose affine index
+    reaches outside it (padding)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["einsum"]
+    equations: list[str] | str
+    dims: dict[str, Extent]
+    dtype: Dtype = "float32"
+    shapes: dict[str, list[Extent]] | None = None
+
+
+SHORT_FORMS = (*(_short_form(k) for k in KINDS.values()), Einsum)
 ShortForm = Union[SHORT_FORMS]  # noqa: UP007  (a runtime tuple of models)
 _SHORT = TypeAdapter(Annotated[ShortForm, Field(discriminator="kind")])
 
@@ -62,8 +81,13 @@ def parse_workload(value: Any) -> Workload:
     # Strict: a JSON body's "5" is not the integer its schema promises.
     try:
         if isinstance(value, dict) and "tensors" not in value and "ops" not in value:
+            if "equations" in value and "kind" not in value:
+                value = {"kind": "einsum", **value}
             spec = _SHORT.validate_python(value, strict=True)
-            return builtin(spec.kind, spec.dims.model_dump(exclude_none=True), spec.dtype)
+            if isinstance(spec, Einsum):
+                return workload_from_equations(spec.equations, spec.dims, spec.dtype, spec.shapes)
+            params = {p.name: getattr(spec, p.name) for p in KINDS[spec.kind].params}
+            return builtin(spec.kind, spec.dims.model_dump(exclude_none=True), spec.dtype, params)
         return Workload.model_validate(value, strict=True)
     except ValidationError as exc:  # re-raised as one message under the `workload` field
         raise InvalidInput(one_line(exc)) from None
@@ -96,7 +120,8 @@ class PlanRequest(BaseModel):
     """Workload, hardware and solver options: everything a plan depends on."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
-    workload: WorkloadSpec = Field(description="the short form {kind, dims, dtype} or a full workload object")
+    workload: WorkloadSpec = Field(description="the short form {kind, dims, dtype, options} of a built-in, "
+                                   "{kind: einsum, equations, dims}, or a full workload object")
     hardware: HardwareSpec = Field("host", validate_default=True, description="a preset name or a hardware object")
     solver: SolverName = "auto"
     time_limit: float = Field(10.0, gt=0, allow_inf_nan=False, description="seconds the solver may take")

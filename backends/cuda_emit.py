@@ -159,12 +159,12 @@ def _cache_input(sch, block, workload, op, name, orders, tiles, padded, loops, g
     tensor = workload.tensors[name]
     padded_input = is_padded(workload, name, padded)
     cache = sch.cache_read(block, read_index(sch, block, source_name(workload, name, padded)), SHARED)
-    key = key_slice(walk(workload, orders, op), tensor.dims, tiles, padded, 1)
+    key = key_slice(walk(workload, orders, op), tensor.loops, tiles, padded, 1)
     at = grid if key is None else loops[(op.name, key)]
     sch.compute_at(cache, at, preserve_unit_loops=True)
     elems = int(workload.block(name, tiles[1]))
     lanes = VECTOR_BYTES // workload.elem_bytes
-    last = tensor.dims[-1]
+    last = tensor.dims[-1]  # an affine input (no single loop) always reads through its padded copy
     vector = (not padded_input and tiles[1][last] % lanes == 0 and workload.dims[last] % lanes == 0
               and elems % (n_threads * lanes) == 0)
     vec = lanes if vector else 1

@@ -141,8 +141,13 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
     for cache, site in reversed(made):  # innermost first: a cache's readers must sit below it
         if site.key is not None:
             sch.compute_at(cache, nests.get(op, site.key), preserve_unit_loops=True)
-        sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-        _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
+        if site.layout is None:  # an affine input's window: TensorIR's compact row-major region
+            _vectorize(sch, sch.get_loops(cache)[-1], lanes)
+            if site.key is None and cores > 1:
+                sch.parallel(sch.get_loops(cache)[0])
+        else:
+            sch.transform_layout(cache, ("write", 0), site.layout.index_map())
+            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
         if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 

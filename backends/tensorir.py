@@ -4,7 +4,9 @@ Every op is a contraction: its output is the sum, over the op's loops that do
 not index the output, of the product of its inputs. Loop extents are padded up
 to `padded` (the schedule needs every tile to divide its parent): padded
 inputs read zeros, so the padded sums equal the real ones, and only the
-outputs' real elements are written back.
+outputs' real elements are written back. An input with affine indices
+(`2*oh+kh-1`) is read through the same kind of zero-padded copy, which starts
+at its smallest index: a convolution's padding is this copy.
 """
 from __future__ import annotations
 
@@ -28,7 +30,17 @@ def pad_name(tensor: str) -> str:
 
 
 def is_padded(workload: Workload, name: str, padded: Mapping[str, int]) -> bool:
-    return any(padded[x] != workload.dims[x] for x in workload.tensors[name].dims)
+    """Whether ops read the input through a zero-padded copy: a loop indexing it is padded, or
+    (affine indices) the stored array does not span exactly the indices read."""
+    t = workload.tensors[name]
+    if any(padded[x] != workload.dims[x] for x in t.loops):
+        return True
+    return not t.plain and (any(ix.offset for ix in t.index) or workload.shape(name) != workload.extents(name))
+
+
+def padded_shape(workload: Workload, name: str, padded: Mapping[str, int]) -> list[int]:
+    """The zero-padded copy's extents: each dim's indices over the padded loops."""
+    return [ix.extent(padded) for ix in workload.index(name)]
 
 
 def source_name(workload: Workload, name: str, padded: Mapping[str, int]) -> str:
@@ -55,16 +67,17 @@ def primfunc(workload: Workload, padded: Mapping[str, int] | None = None) -> tir
     dims = workload.dims
     padded = dict(dims) if padded is None else dict(padded)
     dtype = workload.dtype
-    args = {n: te.placeholder([dims[x] for x in t.dims], dtype=dtype, name=n)
+    args = {n: te.placeholder(workload.shape(n), dtype=dtype, name=n)
             for n, t in workload.tensors.items() if t.role == "input"}
     values: dict[str, te.Tensor] = {}  # what ops read: padded views of inputs, padded intermediates
     for name, t in workload.tensors.items():
         if t.role != "input":
             continue
-        if all(padded[x] == dims[x] for x in t.dims):
+        if not is_padded(workload, name, padded):
             values[name] = args[name]
         else:
-            values[name] = te.compute([padded[x] for x in t.dims], _zero_padded(args[name], t.dims, dims), name=pad_name(name))
+            reader = _zero_padded(args[name], [ix.offset for ix in t.index], workload.shape(name))
+            values[name] = te.compute(padded_shape(workload, name, padded), reader, name=pad_name(name))
     outputs = {}
     for op in workload.ops:
         out = workload.tensors[op.output].dims
@@ -79,10 +92,12 @@ def primfunc(workload: Workload, padded: Mapping[str, int] | None = None) -> tir
 
 
 # te.compute reads the argument names of its body, so bodies are built by these factories.
-def _zero_padded(src: te.Tensor, tdims, dims):
+def _zero_padded(src: te.Tensor, offsets, shape):
+    """Element i of the padded copy is the array's i + offset, or zero outside the array."""
     def read(*idx):
-        inside = tirx.all(*[i < dims[x] for i, x in zip(idx, tdims)])
-        return tirx.if_then_else(inside, src(*idx), tirx.const(0, src.dtype))
+        at = [i + off if off else i for i, off in zip(idx, offsets)]
+        inside = tirx.all(*[c for i, off, n in zip(at, offsets, shape) for c in ([i >= 0] if off < 0 else []) + [i < n]])
+        return tirx.if_then_else(inside, src(*at), tirx.const(0, src.dtype))
 
     return read
 
@@ -95,11 +110,20 @@ def _contraction(workload: Workload, op, values, padded):
         env = dict(zip(out, idx)) | axes
         prod = None
         for name in op.inputs:
-            v = values[name](*[env[x] for x in workload.tensors[name].dims])
+            v = values[name](*[_index(ix, env) for ix in workload.index(name)])
             prod = v if prod is None else prod * v
         return te.sum(prod, axis=list(axes.values())) if axes else prod
 
     return body
+
+
+def _index(ix, env):
+    """sum c * loop: the index into the (padded) buffer, whose first element is the smallest index."""
+    value = None
+    for x, c in ix.terms:
+        term = env[x] if c == 1 else env[x] * c
+        value = term if value is None else value + term
+    return value
 
 
 def _copy(src: te.Tensor):

@@ -22,6 +22,7 @@ _NAMES = {
     "preset": "models.hardware",
     "Plan": "models.plan", "TuneResult": "models.plan", "make_plan": "models.plan",
     "Workload": "models.workload", "builtin": "models.workload", "workload_from_dict": "models.workload",
+    "workload_from_equations": "models.einsum",
     "ParetoFront": "optimizer.pareto", "ParetoPoint": "optimizer.pareto", "capacity_sweep": "optimizer.pareto",
     "pareto": "optimizer.pareto",
     "SOLVERS": "optimizer.registry",

@@ -52,6 +52,7 @@ class CacheRecord(BaseModel):
     )
 
 
+WINDOW = "row-major window of the level-1 block (affine index)"
 Position = tuple[str, int]  # (loop, level); level -1 marks the register tile's point loops
 
 
@@ -174,7 +175,7 @@ class CacheSite:
     level: int
     key: Position | None
     skipped: bool
-    layout: Layout
+    layout: Layout | None  # None: an affine input's window, stored row-major as TensorIR lays it out
 
 
 def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
@@ -188,6 +189,13 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
             tensor = workload.tensors[name]
             if tensor.role == "intermediate":
                 continue  # the producer's own buffer: already the block the model counts
+            if not tensor.plain:
+                # Windows of neighbouring blocks overlap, so no tiled layout holds them all:
+                # each level-1 window is copied compactly where it changes.
+                if n > 1:
+                    sites.append(CacheSite(op.name, name, 1, key_slice(positions, tensor.loops, tiles, padded, 1),
+                                           False, None))
+                continue
             tdims = tensor.dims
             layout = Layout(
                 dims=list(tdims),
@@ -258,7 +266,7 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
     for s in sites:
         why = double_buffer_reason(workload, s, parallel, len(tiles) - 1) if double_buffer else None
         records.append(CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),
-                                   layout=s.layout.name(), double_buffer=double_buffer and why is None,
+                                   layout=s.layout.name() if s.layout else WINDOW, double_buffer=double_buffer and why is None,
                                    skipped_thrifty=s.skipped, note=why))
     for op in workload.ops:
         key, _ = output_tile(workload, orders, op, tiles, padded)
@@ -360,14 +368,14 @@ def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles,
         positions = walk(workload, orders, op)
         for name in op.inputs:
             tensor = workload.tensors[name]
-            block = [tiles[1][x] for x in tensor.dims]
+            block = [int(ix.span(tiles[1])) for ix in tensor.index]
             elems = int(workload.block(name, tiles[1]))
             if tensor.role == "intermediate":
                 records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop="producer", stages=1,
                                            layout="row-major block, written by the producer's threads",
                                            double_buffer=False, skipped_thrifty=False))
                 continue
-            key = key_slice(positions, tensor.dims, tiles, padded, 1)
+            key = key_slice(positions, tensor.loops, tiles, padded, 1)
             if not gpu_shared_copy(workload, name, tiles):
                 records.append(CacheRecord(tensor=name, level=level_names[1], attach_loop=attach_name(key, level_names),
                                            layout="one element, read from memory by every thread", double_buffer=False,

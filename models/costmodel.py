@@ -36,12 +36,14 @@ and results broadcast.
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Mapping, Sequence
 
 import numpy as np
 
 from .errors import InvalidInput
 from .hardware import Hardware
+from .indexing import distinct
 from .targets import target_for
 from .workload import Workload
 
@@ -82,17 +84,46 @@ def _align(a: np.ndarray, ndim: int) -> np.ndarray:
     return a.reshape(a.shape + (1,) * (ndim - a.ndim))
 
 
-def _tensor_dv(tdims, nont, walk_pos, level, n_levels, blocks, counts):
-    """Elements moved into `level` for one tensor of one op (see module docstring)."""
-    cuts = np.array([-1, *sorted({walk_pos[(j, x)] for x in tdims for j in range(level, n_levels)})])
-    # covered[c]: total volume of the blocks t whose deepest multi-trip T-position is at or above cut c.
-    covered = np.ones(len(cuts))
-    for x in tdims:
+def _dim_volume(index, walk_pos, level, n_levels, blocks, cuts) -> np.ndarray:
+    """For one tensor dim, per cut c: the summed size of its level blocks whose deepest
+    multi-trip position is at or above c, shape (cuts, *candidates).
+
+    A plain dim sums its loop's classes. An affine dim's block is the combination
+    of its loops' blocks: each combination of classes counts the product of their
+    counts, the distinct indices those sizes touch, and the deeper of their positions.
+    """
+    parts = []
+    for x in index.loops:
         size, count, deepest = blocks[x][level]
         lut = np.array([walk_pos.get((j, x), -1) for j in range(n_levels)] + [-1])
-        pos = lut[deepest]
+        parts.append((size, count, lut[deepest]))
+    if index.plain:
+        size, count, pos = parts[0]
         inside = pos[None] <= cuts.reshape((-1,) + (1,) * pos.ndim)
-        covered = _align(covered, pos.ndim) * np.where(inside, count * size, 0.0).sum(axis=1)
+        return np.where(inside, count * size, 0.0).sum(axis=1)
+    m = len(parts)
+    cand = np.broadcast_shapes(*[p[0].shape[1:] for p in parts])
+
+    def spread(a, i):  # (classes_i, *cand) -> an axis per loop, then the candidates
+        a = np.broadcast_to(a, a.shape[:1] + cand)
+        return a.reshape((1,) * i + a.shape[:1] + (1,) * (m - 1 - i) + cand)
+
+    sizes = [spread(s, i) for i, (s, _, _) in enumerate(parts)]
+    volume = distinct(index.coefficients, sizes) * math.prod(spread(c, i) for i, (_, c, _) in enumerate(parts))
+    pos = np.maximum.reduce(np.broadcast_arrays(*[spread(p, i) for i, (_, _, p) in enumerate(parts)]))
+    inside = pos[None] <= cuts.reshape((-1,) + (1,) * pos.ndim)
+    return np.where(inside, volume, 0.0).sum(axis=tuple(range(1, m + 1)))
+
+
+def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
+    """Elements moved into `level` for one tensor (its per-dim `index`) of one op (see module docstring)."""
+    tloops = [x for ix in index for x in ix.loops]
+    cuts = np.array([-1, *sorted({walk_pos[(j, x)] for x in tloops for j in range(level, n_levels)})])
+    # covered[c]: total volume of the blocks t whose deepest multi-trip T-position is at or above cut c.
+    covered = np.ones(len(cuts))
+    for ix in index:
+        volume = _dim_volume(ix, walk_pos, level, n_levels, blocks, cuts)
+        covered = _align(covered, volume.ndim) * volume
     mult = np.ones(len(cuts))
     for y in nont:
         # Innermost level whose y-position lies above each cut; its block count multiplies.
@@ -106,6 +137,14 @@ def _tensor_dv(tdims, nont, walk_pos, level, n_levels, blocks, counts):
     covered, mult = _align(covered, nd), _align(mult, nd)
     gained = np.diff(covered, axis=0, prepend=0.0)
     return (gained * mult).sum(axis=0)
+
+
+def _block_total(index, walk_pos, level, n_levels, blocks) -> np.ndarray:
+    """The summed size of all of a tensor's level blocks (its size, unless affine windows overlap)."""
+    total = 1.0
+    for ix in index:
+        total = total * _dim_volume(ix, walk_pos, level, n_levels, blocks, np.array([len(walk_pos)]))[0]
+    return total
 
 
 def loop_classes(workload: Workload, tiles: Tiles, lowest: int):
@@ -131,18 +170,19 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     for name in workload.moved_tensors(op, level, n - 1 if local_level is None else local_level):
         if only is not None and name not in only:
             continue
-        tdims = workload.tensors[name].dims
-        nont = [y for y in op.loops if y not in tdims]
+        tensor = workload.tensors[name]
+        nont = [y for y in op.loops if y not in tensor.loops]
         if weights and name in op.inputs:
             # Streamed into registers: reloaded at every step of the level's walk.
             steps = 1.0
             for y in nont:
                 steps = steps * counts[y][level]
-            total = total + weights[(op.name, name)] * workload.size(name) * steps
+            volume = workload.size(name) if tensor.plain else _block_total(tensor.index, pos, level, n, blocks)
+            total = total + weights[(op.name, name)] * volume * steps
         else:
             weight = weights.get((op.name, name), 1) if weights else 1
             at = level if output_level is None else output_level
-            total = total + weight * _tensor_dv(tdims, nont, pos, at, n, blocks, counts)
+            total = total + weight * _tensor_dv(tensor.index, nont, pos, at, n, blocks, counts)
     return total
 
 
@@ -191,13 +231,50 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
     multi-level plans in the tests.
     """
     blocks, counts = loop_classes(workload, [tile], 0)
+    shape = np.shape(blocks[workload.loops[0]][0][0])[1:]
     total = 0.0
     for op in workload.ops:
-        total = total + np.minimum.reduce(
-            [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts, weights), np.shape(blocks[op.loops[0]][0][0])[1:])
-             for perm in itertools.permutations(op.loops)]
-        )
+        walks = _distinct_walks(workload, op, weights)
+        if walks is not None:
+            total = total + np.minimum.reduce(
+                [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts, weights), shape) for perm in walks])
+            continue
+        # Too many orders to try: each tensor on its own in its best order (its own loops
+        # outermost, so each of its blocks moves once), a weaker bound.
+        for name in [*op.inputs, op.output]:
+            mine = workload.tensors[name].loops
+            perm = [x for x in op.loops if x in mine] + [x for x in op.loops if x not in mine]
+            total = total + op_volume(workload, op, [perm], 0, blocks, counts, weights, only=(name,))
     return np.asarray(total, dtype=np.float64) * workload.elem_bytes
+
+
+WALK_LIMIT = 64  # distinct orders single_level_bound tries per op before it settles for a weaker bound
+
+
+def _distinct_walks(workload: Workload, op, weights) -> list[tuple[str, ...]] | None:
+    """One permutation of the op's loops per distinct DV formula: what matters to each tensor
+    is the sequence of runs of its own and other loops, less trailing other loops (inputs
+    streamed into registers, under `weights`, do not depend on the order at all). None past
+    WALK_LIMIT."""
+    ordered = [t for t in [*op.inputs, op.output] if not (weights and t in op.inputs)]
+    loops = [set(workload.tensors[t].loops) for t in ordered]
+    seen: dict[tuple, tuple[str, ...]] = {}
+    for perm in itertools.permutations(op.loops):
+        key = []
+        for mine in loops:
+            runs: list[tuple[bool, frozenset]] = []
+            for x in perm:
+                if runs and runs[-1][0] == (x in mine):
+                    runs[-1] = (runs[-1][0], runs[-1][1] | {x})
+                else:
+                    runs.append((x in mine, frozenset({x})))
+            while runs and not runs[-1][0]:
+                runs.pop()
+            key.append(tuple(runs))
+        seen.setdefault(tuple(key), perm)
+        if len(seen) > WALK_LIMIT:
+            return None
+    return list(seen.values())
 
 
 def memory_usage(workload: Workload, tile: Mapping[str, np.ndarray | int], weights=None) -> np.ndarray:

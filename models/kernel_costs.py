@@ -39,8 +39,8 @@ class KernelCosts:
     copy_bytes: list[float] = field(default_factory=list)  # per level: bytes packing copies write into its buffers
     regions: float = 0.0  # parallel loops entered per call
     copy_seconds: float = 0.0
-    # per level: bytes the copies and zeroing stream over the link filling it, counted in core-
-    # seconds' worth (a copy on one core counts `cores` times), so copy_seconds is
+    # per level: bytes the copies and zeroing stream over the link filling it, weighted as
+    # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
     # sum(stream_bytes[l] / bandwidth_l): what a refit of the bandwidths rescales (models/refit.py)
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer)
@@ -81,13 +81,13 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     for site in copies:
         op = next(o for o in workload.ops if o.name == site.op)
         positions = walk(workload, orders, op)
-        tdims = workload.tensors[site.tensor].dims
+        index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
         if site.key is None:
             # a root copy is split over the cores when the kernel runs in parallel (llvm_emit)
-            fills, block, shared = 1.0, _prod(padded[x] for x in tdims), cores if parallel else 1
+            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), cores if parallel else 1
         else:
             above = positions[: positions.index(site.key) + 1]
-            fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(eff[site.level][x] for x in tdims)
+            fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(ix.span(eff[site.level]) for ix in index)
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes

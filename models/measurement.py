@@ -77,12 +77,36 @@ def op_function(workload: Workload, op, xp=np) -> Callable:
     product, else einsum."""
     dims = [workload.tensors[t].dims for t in op.inputs]
     out = workload.tensors[op.output].dims
+    spec = workload.einsum(op)
+    if not all(workload.tensors[t].plain for t in op.inputs):
+        names = list(op.inputs)
+        return lambda *arrays: xp.einsum(spec, *[loop_view(workload, n, a, xp) for n, a in zip(names, arrays)],
+                                         optimize=True)
     if len(dims) == 2 and len(dims[0]) == len(dims[1]) == len(out) >= 2:
         (*b0, m, k), (*b1, k2, n), (*bo, mo, no) = dims[0], dims[1], out
         if b0 == b1 == bo and k == k2 and (m, n) == (mo, no) and len({m, n, k}) == 3:
             return xp.matmul
-    spec = workload.einsum(op)
     return lambda *arrays: xp.einsum(spec, *arrays, optimize=True)
+
+
+def loop_view(workload: Workload, name: str, array, xp=np):
+    """An input with affine indices as a view with one axis per loop (in the tensor's loop
+    order): its zero-padded copy, strided so that view[.., a, b, ..] is the element at
+    index c1*a + c2*b of each dim. einsum then treats it like any plain tensor."""
+    index, shape, extents = workload.index(name), workload.shape(name), workload.extents(name)
+    padded = xp.zeros(extents, dtype=array.dtype)
+    dst, src = [], []
+    for ix, n, e in zip(index, shape, extents):
+        lo, hi = max(0, -ix.offset), min(e, n - ix.offset)
+        dst.append(slice(lo, max(lo, hi)))
+        src.append(slice(lo + ix.offset, max(lo, hi) + ix.offset))
+    padded[tuple(dst)] = array[tuple(src)]
+    sizes, strides = [], []
+    for ix, stride in zip(index, padded.strides):
+        for x, c in ix.terms:
+            sizes.append(workload.dims[x])
+            strides.append(c * stride)
+    return xp.lib.stride_tricks.as_strided(padded, shape=sizes, strides=strides)
 
 
 def reference(workload: Workload, xp=np) -> Callable[[dict], dict]:

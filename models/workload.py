@@ -6,17 +6,21 @@ object has, so `tune --json` output can be fed back in.
 """
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 import string
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal, Mapping
+from typing import Callable, Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from . import conv
+from .einsum import workload_from_equations
 from .errors import InvalidInput, one_line_errors
+from .indexing import Index, IndexSyntaxError, distinct, parse_index
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "float64": 8, "int8": 1, "int32": 4}
 Dtype = Literal["float32", "float16", "bfloat16", "float64", "int8", "int32"]
@@ -28,8 +32,31 @@ MAX_EXTENT = 2**31 - 1
 
 class Tensor(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    dims: list[str] = Field(min_length=1, description="loops indexing each dimension, outermost (row-major) first")
+    dims: list[str] = Field(min_length=1,
+                            description="the index of each dimension, outermost (row-major) first: a loop, or "
+                            "(inputs only) an affine sum such as '2*oh+kh-1' (see models/indexing.py)")
     role: Role | None = Field(None, description="derived from the ops when omitted")
+    shape: list[int] | None = Field(
+        None, exclude_if=lambda v: v is None,
+        description="inputs only: the stored array's extents, when an affine index reaches outside it "
+                    "(a convolution's padding: those elements read zero); default: up to the largest index")
+
+    # Parsed views, cached: the cost model asks for them in its inner loops (dims are not
+    # changed after validation).
+    @functools.cached_property
+    def index(self) -> list[Index]:
+        """Each dimension's parsed index."""
+        return [parse_index(d) for d in self.dims]
+
+    @functools.cached_property
+    def loops(self) -> list[str]:
+        """The loops indexing the tensor, in dims order."""
+        return [x for ix in self.index for x in ix.loops]
+
+    @functools.cached_property
+    def plain(self) -> bool:
+        """Every dimension is one loop: the tensor is a block of its loops' iteration space."""
+        return all(ix.plain for ix in self.index)
 
 
 class Op(BaseModel):
@@ -76,10 +103,15 @@ class Workload(BaseModel):
     @model_validator(mode="after")
     def _check_and_derive(self) -> Workload:
         for name, t in self.tensors.items():
-            unknown = [d for d in t.dims if d not in self.dims]
+            for i, d in enumerate(t.dims):
+                try:
+                    parse_index(d)
+                except IndexSyntaxError as exc:
+                    raise ValueError(f"tensor {name!r} dim {i}: {exc}") from None
+            unknown = [d for d in t.loops if d not in self.dims]
             if unknown:
                 raise ValueError(f"tensor {name!r} is indexed by unknown loop(s) {unknown}")
-            if len(set(t.dims)) != len(t.dims):
+            if len(set(t.loops)) != len(t.loops):
                 raise ValueError(f"tensor {name!r} repeats a loop in its dims {t.dims}")
         outputs = [op.output for op in self.ops]
         if len(set(outputs)) != len(outputs):
@@ -94,7 +126,7 @@ class Workload(BaseModel):
             for t in [*op.inputs, op.output]:
                 if t not in self.tensors:
                     raise ValueError(f"op {op.name!r} names unknown tensor {t!r}")
-                stray = [d for d in self.tensors[t].dims if d not in op.loops]
+                stray = [d for d in self.tensors[t].loops if d not in op.loops]
                 if stray:
                     raise ValueError(f"tensor {t!r} in op {op.name!r} is indexed by loop(s) {stray} the op does not run")
             if op.output in op.inputs:
@@ -115,6 +147,7 @@ class Workload(BaseModel):
             if t.role is not None and t.role != role:
                 raise ValueError(f"tensor {name!r} is declared {t.role!r} but the ops make it {role!r}")
             t.role = role
+            self._check_index(name, t)
         io = [n for n, t in self.tensors.items() if t.role != "intermediate"]
         if self.signature is None:
             first_use = [t for op in self.ops for t in op.inputs if self.tensors[t].role == "input"]
@@ -123,6 +156,30 @@ class Workload(BaseModel):
         elif sorted(self.signature) != sorted(io):
             raise ValueError(f"signature must list each input and output tensor once: {sorted(io)}")
         return self
+
+    def _check_index(self, name: str, t: Tensor) -> None:
+        """Affine indices and stored shapes belong to inputs; a stored shape fits the index."""
+        if t.role != "input":
+            bad = [d for d, ix in zip(t.dims, t.index) if not ix.plain]
+            if bad:
+                raise ValueError(f"tensor {name!r} is written by an op, so each dim must be one loop; got {bad[0]!r}")
+            if t.shape is not None:
+                raise ValueError(f"tensor {name!r}: only inputs take a stored shape")
+            return
+        if t.shape is None:
+            low = [ix.offset + ix.extent(self.dims) for ix in t.index]
+            if min(low) < 1:
+                d = low.index(min(low))
+                raise ValueError(f"tensor {name!r} dim {d} {t.dims[d]!r} never reaches index 0; give its shape")
+            return
+        if len(t.shape) != len(t.dims):
+            raise ValueError(f"tensor {name!r} has {len(t.dims)} dims but a shape of {len(t.shape)}")
+        for d, (ix, s) in enumerate(zip(t.index, t.shape)):
+            if s < 1:
+                raise ValueError(f"tensor {name!r} dim {d} has stored extent {s}; extents must be >= 1")
+            if ix.plain and s != self.dims[ix.loops[0]]:
+                raise ValueError(f"tensor {name!r} dim {d} is loop {ix.loops[0]!r} of extent "
+                                 f"{self.dims[ix.loops[0]]}, but its shape says {s}")
 
     # Derived views used throughout the cost model and optimizer.
     @property
@@ -150,27 +207,49 @@ class Workload(BaseModel):
             points *= self.dims[x]
         return 2.0 * points
 
+    def index(self, name: str) -> list[Index]:
+        """The tensor's parsed index per dimension."""
+        return self.tensors[name].index
+
+    def extents(self, name: str) -> list[int]:
+        """Per dimension, the positions between its smallest and largest index: the loop's
+        extent for a plain dim, sum c (E - 1) + 1 for an affine one (the zero-padded input)."""
+        return [ix.extent(self.dims) for ix in self.index(name)]
+
     def shape(self, name: str) -> list[int]:
-        """The tensor's array shape: its loops' extents, in its dims order."""
-        return [self.dims[x] for x in self.tensors[name].dims]
+        """The tensor's stored array shape (the kernel argument): its loops' extents, in its dims
+        order; an affine dim's declared extent, else its largest index plus one."""
+        t = self.tensors[name]
+        if t.shape is not None:
+            return list(t.shape)
+        return [ix.offset + ix.extent(self.dims) for ix in t.index]
 
     def size(self, name: str) -> float:
-        """Elements of the whole tensor."""
-        return float(math.prod(self.shape(name)))
+        """Elements the ops touch (each once): the whole tensor, for plain dims."""
+        if self.tensors[name].plain:
+            return float(math.prod(self.shape(name)))
+        return float(math.prod(float(distinct(ix.coefficients, [self.dims[x] for x in ix.loops]))
+                               for ix in self.index(name)))
 
     def block(self, name: str, tile: Mapping[str, np.ndarray | int], within=None) -> np.ndarray | float:
         """Elements of the tensor's block under `tile` (loop -> extent, arrays allowed): the
-        product of its loops' tiles, over only the loops in `within` when given."""
+        product of its loops' tiles, over only the loops in `within` when given. An affine
+        dim holds the window its loops span, sum c (T - 1) + 1."""
         block = 1.0
-        for x in self.tensors[name].dims:
-            if within is None or x in within:
-                block = block * np.asarray(tile[x], dtype=np.float64)
+        for ix in self.index(name):
+            if ix.plain:
+                x = ix.loops[0]
+                if within is None or x in within:
+                    block = block * np.asarray(tile[x], dtype=np.float64)
+            else:
+                block = block * ix.span(tile, within)
         return block
 
     def einsum(self, op: Op) -> str:
-        """The op as an einsum spec over letters, e.g. 'ab,bc->ac' (inputs, then output)."""
+        """The op as an einsum spec over letters, e.g. 'ab,bc->ac' (inputs, then output); an
+        affine input is spelled by its loops (a view with one axis per loop: measurement.py)."""
         letters = dict(zip(op.loops, string.ascii_letters))
-        spell = lambda t: "".join(letters[x] for x in self.tensors[t].dims)  # noqa: E731
+        spell = lambda t: "".join(letters[x] for x in self.tensors[t].loops)  # noqa: E731
         return ",".join(spell(t) for t in op.inputs) + "->" + spell(op.output)
 
     def io_tensors(self, op: Op) -> list[str]:
@@ -189,36 +268,62 @@ class Workload(BaseModel):
                 if level < local_level or self.tensors[t].role != "intermediate"]
 
 @dataclass(frozen=True)
+class Param:
+    """A kind's option beside its sizes (a conv's stride): flag --NAME, field NAME of the short form."""
+
+    name: str
+    default: int | str | None
+    help: str
+    choices: tuple[str, ...] | None = None  # text options; otherwise an integer >= minimum
+    minimum: int = 1
+
+
+@dataclass(frozen=True)
 class Kind:
     """A built-in workload kind. The CLI's subcommands and flags, the service's short forms
-    and their schema are all generated from KINDS, so a new kind is one entry here."""
+    and their schema are all generated from KINDS, so a new kind is one entry here.
+
+    A kind is a preset of equations (models/einsum.py) over its sizes, or, when its loops
+    are derived from its sizes (a conv's output height), a `build` function that writes them."""
 
     name: str
     summary: str  # the kind's equations, shown as CLI help and schema description
-    loops: tuple[str, ...]  # the extents it takes (the batch loop b aside), in dims order
-    tensors: dict[str, tuple[str, ...]]  # name -> loops indexing it (b is prepended when batched)
-    ops: tuple[tuple[str, tuple[str, ...], tuple[str, ...], str], ...]  # (name, loops, inputs, output)
-    batch: Literal["optional", "required"] = "optional"  # a batch loop b indexing every tensor
-    defaults: dict[str, str] = field(default_factory=dict)  # loop -> loop whose extent it takes when omitted
+    loops: tuple[str, ...]  # the sizes it takes (flag --X each; the batch loop b aside)
+    equations: tuple[str, ...] = ()  # "op: OUT[..] = IN[..]*IN[..]"; b is prepended to every index when batched
+    batch: Literal["optional", "required", "none"] = "optional"  # a batch loop b indexing every tensor
+    defaults: dict[str, str] = field(default_factory=dict)  # size -> size whose value it takes when omitted
     batched_name: str | None = None  # the kind reported when a batch is given
+    params: tuple[Param, ...] = ()
+    # sizes, **params -> (equations, loop extents, stored input shapes)
+    build: Callable[..., tuple[list[str], dict[str, int], dict[str, list[int]]]] | None = None
 
 
-_GEMM = dict(loops=("m", "n", "k"), tensors={"A": ("m", "k"), "B": ("k", "n"), "C": ("m", "n")},
-             ops=(("gemm", ("m", "n", "k"), ("A", "B"), "C"),))
+_GEMM = dict(loops=("m", "n", "k"), equations=("gemm: C[m,n] = A[m,k]*B[k,n]",))
+_CONV_PARAMS = (
+    Param("stride", 1, "stride of the window (both axes)"),
+    Param("pad", 0, "zeros added on each side of the input (both axes)", minimum=0),
+    Param("dilation", 1, "spacing of the window's taps (both axes)"),
+    Param("layout", "nchw", "array layout (weights K,C/G,R,S or R,S,C/G,K)", choices=conv.LAYOUTS),
+    Param("groups", 1, "channel groups (C: depthwise)"),
+    Param("pointwise", None, "fuse a 1x1 conv from the K output channels to this many"),
+)
 KINDS: dict[str, Kind] = {k.name: k for k in [
     Kind("gemm", "C[m,n] = A[m,k] B[k,n]", batched_name="batch-gemm", **_GEMM),
     Kind("batch-gemm", "C[b,m,n] = A[b,m,k] B[b,k,n]", batch="required", **_GEMM),
     Kind("gemm-chain", "C[m,l] = A[m,k] B[k,l]; E[m,n] = C[m,l] D[l,n]",
          loops=("m", "l", "k", "n"),
-         tensors={"A": ("m", "k"), "B": ("k", "l"), "C": ("m", "l"), "D": ("l", "n"), "E": ("m", "n")},
-         ops=(("gemm1", ("m", "l", "k"), ("A", "B"), "C"), ("gemm2", ("m", "l", "n"), ("C", "D"), "E")),
+         equations=("gemm1: C[m,l] = A[m,k]*B[k,l]", "gemm2: E[m,n] = C[m,l]*D[l,n]"),
          defaults={"n": "m", "k": "m", "l": "m"}),
+    Kind("conv2d", "O[n,k,oh,ow] = I[n,c,S*oh+D*kh-P,S*ow+D*kw-P] W[k,c,kh,kw] (optionally then a 1x1 conv)",
+         loops=("n", "c", "h", "w", "k", "r", "s"), batch="none", defaults={"k": "c"}, params=_CONV_PARAMS,
+         build=conv.conv2d),
 ]}
 
 
-def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload:
-    """Build a kind of KINDS (gemm, batch-gemm, gemm-chain); a `b` entry in dims adds a batch
-    loop indexing every tensor, and a loop with a default may be left out."""
+def builtin(kind: str, dims: dict[str, int], dtype: str = "float32", params: dict | None = None) -> Workload:
+    """Build a kind of KINDS (gemm, batch-gemm, gemm-chain, conv2d) from its sizes and options;
+    a `b` entry in dims adds a batch loop indexing every tensor, and a size with a default may
+    be left out."""
     if not isinstance(dtype, str) or dtype not in DTYPE_BYTES:
         raise InvalidInput(f"unknown dtype {dtype!r}; expected one of {', '.join(DTYPE_BYTES)}")
     if not isinstance(dims, Mapping):
@@ -226,7 +331,7 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload
     spec = KINDS.get(kind)
     if spec is None:
         raise InvalidInput(f"unknown workload kind {kind!r}; expected {', '.join(KINDS)}")
-    batch = ["b"] if "b" in dims else []
+    batch = ["b"] if "b" in dims and spec.batch != "none" else []
     if spec.batch == "required" and not batch:
         raise InvalidInput(f"{kind} needs a batch extent b")
     dims = {**{x: dims[d] for x, d in spec.defaults.items() if x not in dims and d in dims}, **dims}
@@ -236,28 +341,46 @@ def builtin(kind: str, dims: dict[str, int], dtype: str = "float32") -> Workload
     extra = [x for x in dims if x not in [*spec.loops, *batch]]
     if extra:
         raise InvalidInput(f"{kind} has no loop(s) {extra}")
-    with one_line_errors():
-        return Workload(
-            kind=spec.batched_name if batch and spec.batched_name else kind,
-            dims={x: dims[x] for x in batch + list(spec.loops)},
-            dtype=dtype,
-            tensors={t: {"dims": batch + list(d)} for t, d in spec.tensors.items()},
-            ops=[{"name": n, "loops": batch + list(loops), "inputs": list(ins), "output": out} for n, loops, ins, out in spec.ops],
-        )
+    params = dict(params or {})
+    unknown = [p for p in params if p not in {q.name for q in spec.params}]
+    if unknown:
+        raise InvalidInput(f"{kind} has no option(s) {unknown}")
+    name = spec.batched_name if batch and spec.batched_name else kind
+    if spec.build is not None:
+        options = {p.name: params.get(p.name, p.default) for p in spec.params}
+        equations, extents, shapes = spec.build({x: dims[x] for x in spec.loops}, **options)
+        return workload_from_equations(equations, extents, dtype, shapes, kind=name)
+    equations = [_batched(e) for e in spec.equations] if batch else list(spec.equations)
+    return workload_from_equations(equations, {x: dims[x] for x in batch + list(spec.loops)}, dtype, kind=name)
+
+
+def _batched(equation: str) -> str:
+    """Every tensor of the equation indexed by the batch loop b first."""
+    return equation.replace("[", "[b,")
 
 
 def workload_from_dict(data: dict) -> Workload:
-    """A full workload object, the short form {"kind", "dims", "dtype"} of a built-in, or a `tune --json` document."""
+    """A full workload object, the short form {"kind", "dims", "dtype", options} of a built-in,
+    the equations form {"equations", "dims", "dtype", "shapes"}, or a `tune --json` document."""
     if not isinstance(data, dict):
         raise InvalidInput("a workload must be a JSON object")
     if "workload" in data and isinstance(data["workload"], dict):
         data = data["workload"]
+    if "equations" in data:
+        unknown = set(data) - {"kind", "equations", "dims", "dtype", "shapes"}
+        if unknown:
+            raise InvalidInput(f"unknown workload field(s) {sorted(unknown)}")
+        return workload_from_equations(data["equations"], data.get("dims"), data.get("dtype", "float32"),
+                                       data.get("shapes"), kind=str(data.get("kind", "einsum")))
     if "tensors" not in data and "ops" not in data:
-        unknown = set(data) - {"kind", "dims", "dtype"}
+        spec = KINDS.get(str(data.get("kind", "")))
+        options = {p.name for p in spec.params} if spec else set()
+        unknown = set(data) - {"kind", "dims", "dtype"} - options
         if unknown:
             raise InvalidInput(f"unknown workload field(s) {sorted(unknown)}")
         if not isinstance(data.get("dims"), dict):
             raise InvalidInput("a workload needs 'dims', an object of loop extents")
-        return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"))
+        return builtin(str(data.get("kind", "")), data["dims"], data.get("dtype", "float32"),
+                       {k: v for k, v in data.items() if k in options})
     with one_line_errors():
         return Workload.model_validate(data, strict=True)  # as the service: "32" is not an extent

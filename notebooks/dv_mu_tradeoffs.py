@@ -12,7 +12,7 @@
 # ---
 
 # %% [markdown]
-# # DV/MU trade-offs for a GEMM chain
+# # DV/MU trade-offs for a GEMM chain and a convolution
 #
 # How much data each memory level moves (DV) against how much it holds (MU),
 # for the chain `C[m,l] = A[m,k]·B[k,l]; E[m,n] = C[m,l]·D[l,n]` — attention's
@@ -157,6 +157,41 @@ plt.show()
 for p, m in zip(plans, measured):
     print(f"  L1 tile {p.levels[l1].tile}: predicted {p.predicted_seconds * 1e6:.1f} us, "
           f"measured {m.kernel_seconds * 1e6:.1f} us ({m.kernel_gflops:.1f} GFLOP/s, numpy {m.reference_gflops:.1f})")
+
+# %% [markdown]
+# ## A convolution layer: the halo
+#
+# A 3x3 conv reads its input through windows: the input block of an output
+# tile Toh x Tow spans (Toh + 2) x (Tow + 2) rows and columns (stride 1), or
+# (2 Toh + 1) x (2 Tow + 1) at stride 2, so neighbouring blocks overlap by the
+# halo and every refill moves it again (README, "Equations and convolutions").
+# Small tiles pay for the halo many times; large tiles amortise it but need the
+# capacity. Below, the L1 fronts of a small ResNet-like layer (16 -> 16
+# channels, 16 x 16, 3 x 3, padding 1) at stride 1 and 2 on the same hierarchy, and for
+# each front point the input's window against the output pixels it serves.
+
+# %%
+convs = {stride: builtin("conv2d", {"n": 1, "c": 16, "h": 16, "w": 16, "k": 16, "r": 3, "s": 3},
+                         params={"pad": 1, "stride": stride, "layout": "nhwc"}) for stride in (1, 2)}
+conv_fronts = {stride: pareto(w, cpu, "L1", points=4, time_limit=3) for stride, w in convs.items()}
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+for stride, front in conv_fronts.items():
+    w = convs[stride]
+    left.plot([p.mu_bytes for p in front.points], [p.dv_bytes for p in front.points], "o-", label=f"stride {stride}")
+    halo = [float(w.block("I", p.plan.levels[1].tile, within=["oh", "ow", "kh", "kw"]))
+            / (p.plan.levels[1].tile["oh"] * p.plan.levels[1].tile["ow"]) for p in front.points]
+    right.plot([p.mu_bytes for p in front.points], halo, "o-", label=f"stride {stride}")
+left.set(xscale="log", yscale="log", xlabel="MU at L1 (bytes)", ylabel="least DV into L1 (bytes)",
+         title="conv 3x3: DV against MU at L1")
+right.set(xscale="log", xlabel="MU at L1 (bytes)", ylabel="input window / output pixels",
+          title="the halo each L1 input block carries")
+left.legend()
+right.legend()
+plt.show()
+for stride, front in conv_fronts.items():
+    print(f"stride {stride}:", [(p.capacity_bytes, int(p.dv_bytes), {x: p.plan.levels[1].tile[x] for x in ("oh", "ow")})
+                                for p in front.front])
 
 # %%
 print(f"notebook ran in {time.perf_counter() - start:.1f} s")

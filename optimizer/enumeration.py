@@ -29,6 +29,9 @@ LEAF_ROWS = 4  # register tiles per kept plan a leaf offers the top-k, once seri
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
+GREEDY_SAMPLE = 32_768  # (order, tile) children per level the first dive of a large search costs
+GREEDY_MIN_ROWS = 64  # ... but at least this many tiles
+GREEDY_CHILDREN = 100_000  # (order, tile) children of the outermost level that make a search large
 
 
 def _grid(space: Space) -> np.ndarray:
@@ -102,8 +105,21 @@ class _Search:
                 worst = np.maximum(worst, table[index])
         return worst
 
+    greedy = False  # in the first dive of a many-loop search: sampled rows, first child only
+
     def run(self) -> None:
         extents = np.array([self.space.workload.dims[x] for x in self.space.loops])
+        top = self.space.n_levels - 1
+        children = len(self.space.target.orders_at(top, self.space.orders)) * len(self.rows[top])
+        if not self.space.exhaustive_orders or children > GREEDY_CHILDREN:
+            # A convolution's level has millions of (order, tile) children: one greedy dive
+            # through a sample of each level's rows first, so the search holds a plan before
+            # its first full level is costed.
+            self.greedy = True
+            try:
+                self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
+            finally:
+                self.greedy = False
         self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
 
     def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
@@ -118,8 +134,12 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         if len(rows) == 0:
             return
-        divisor = sp.objective.divisors[level]
         orders = sp.target.orders_at(level, sp.orders)
+        sample = max(GREEDY_MIN_ROWS, GREEDY_SAMPLE // len(orders))
+        if self.greedy and len(rows) > sample:
+            rows = rows[np.linspace(0, len(rows) - 1, sample).astype(int)]
+            tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
+        divisor = sp.objective.divisors[level]
         secs = np.empty((len(orders), len(rows)))
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
@@ -186,6 +206,8 @@ class _Search:
         for flat in keep[: self.beam]:
             if self.deadline.expired():
                 raise _Timeout
+            if self.greedy and self.best.items:
+                return
             cutoff = self.best.worst_primary()
             if bound.flat[flat] >= cutoff or sp.meets_lower_bound(cutoff):
                 return  # children are sorted by bound, and nothing beats the lower bound
@@ -287,7 +309,8 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
         search = _Search(sp, limit, best, *seeds)
         try:
             search.run()
-            status = "optimal" if sp is space and not seeds else "feasible"  # optimal: exhaustive over the space
+            # optimal: exhaustive over the space
+            status = "optimal" if sp is space and not seeds and space.exhaustive_orders else "feasible"
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated

@@ -59,7 +59,7 @@ def _multiplier_levels(space: Space, choice, level: int):
     for op in w.ops:
         walk = [(j, y) for j in reversed(range(level, n)) for y in choice[j][0] if y in op.loops]
         for name in w.moved_tensors(op, level, space.target.local_level(n)):
-            tdims = w.tensors[name].dims
+            tdims = w.tensors[name].loops
             deepest = max((i for i, (j, y) in enumerate(walk) if y in tdims and y not in choice[j][1]), default=-1)
             factors = []
             for y in op.loops:
@@ -68,14 +68,33 @@ def _multiplier_levels(space: Space, choice, level: int):
                 above = [j for i, (j, z) in enumerate(walk) if z == y and i < deepest]
                 if above:
                     factors.append((y, min(above)))
-            terms.append((math.prod(w.dims[x] for x in tdims), factors))
+            terms.append((math.prod(w.dims[x] for x in tdims) if w.tensors[name].plain else w.size(name), factors))
     return terms
 
 
 def _mu_terms(space: Space):
-    """Per op, the loops of each of its tensors (MU_l = max over ops of sum of tile products)."""
+    """Per op, each of its tensors' (loop, coefficient) terms per dim (MU_l = max over ops of the
+    sum of block sizes; a plain dim is one term with coefficient 1)."""
     w = space.workload
-    return [[w.tensors[t].dims for t in [*op.inputs, op.output]] for op in w.ops]
+    return [[[ix.terms for ix in w.index(t)] for t in [*op.inputs, op.output]] for op in w.ops]
+
+
+def _block_bound(dims, tile, log_cap=None):
+    """A tensor's block in a model: the product of its plain dims' tiles times, per affine dim,
+    sum c T, an upper bound on its window sum c (T - 1) + 1 (a posynomial). With `log_cap`
+    the tiles are log-variables and the block is divided by the capacity."""
+    import pyomo.environ as pyo
+
+    plain = [d[0][0] for d in dims if len(d) == 1 and d[0][1] == 1]
+    affine = [d for d in dims if not (len(d) == 1 and d[0][1] == 1)]
+    if log_cap is not None:
+        block = pyo.exp(sum(tile[x] for x in plain) - log_cap)
+        grow = pyo.exp
+    else:
+        block, grow = pyo.prod([tile[x] for x in plain]), (lambda v: v)
+    for d in affine:
+        block = block * sum(c * grow(tile[x]) for x, c in d)
+    return block
 
 
 def _scale(space: Space) -> float:
@@ -104,8 +123,9 @@ def _ipopt_model(space: Space, choice):
         costs.append(cost)
         m.c.add(cost <= m.t)
         log_cap = math.log(space.capacity(j) / w.elem_bytes)
+        tile = {x: m.u[j, x] for x in space.loops}
         for tensors in _mu_terms(space):
-            m.c.add(sum(pyo.exp(sum(m.u[j, x] for x in dims) - log_cap) for dims in tensors) <= 1.0)
+            m.c.add(sum(_block_bound(dims, tile, log_cap) for dims in tensors) <= 1.0)
     m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))
     return m, lambda: [{x: math.exp(pyo.value(m.u[j, x])) for x in space.loops} for j in range(n)]
 
@@ -134,8 +154,9 @@ def _scip_model(space: Space, choice):
         costs.append(cost)
         m.c.add(cost <= m.t)
         cap = space.capacity(j) / w.elem_bytes
+        tile = {x: m.T[j, x] for x in space.loops}
         for tensors in _mu_terms(space):
-            m.c.add(sum(pyo.prod([m.T[j, x] for x in dims]) for dims in tensors) <= cap)
+            m.c.add(sum(_block_bound(dims, tile) for dims in tensors) <= cap)
     m.obj = pyo.Objective(expr=m.t + TIE_WEIGHT * sum(costs))
     return m, lambda: [{x: pyo.value(m.T[j, x]) for x in space.loops} for j in range(n)]
 
@@ -196,11 +217,16 @@ def _round(space: Space, orders, relaxed: list[dict[str, float]], deadline: Dead
 def _level_choices(space: Space) -> list[tuple[tuple[str, ...], frozenset]]:
     """(order, single-trip loops) pairs, one per distinct cost formula at a level."""
     seen = {}
-    for order in order_classes(space.workload, key=lambda _, o: o, leading=space.target.leading_loops(space.workload)):
+    signatures: dict[tuple, tuple] = {}  # many (order, fixed) pairs leave the same moving loops
+    orders = (order_classes(space.workload, key=lambda _, o: o, leading=space.target.leading_loops(space.workload))
+              if space.exhaustive_orders else space.orders)
+    for order in orders:
         for r in range(len(space.loops) + 1):
             for fixed in itertools.combinations(space.loops, r):
                 moving = tuple(x for x in order if x not in fixed)
-                key = (relaxed_signature(space.workload, moving), frozenset(fixed))
+                if moving not in signatures:
+                    signatures[moving] = relaxed_signature(space.workload, moving)
+                key = (signatures[moving], frozenset(fixed))
                 seen.setdefault(key, (order, frozenset(fixed)))
     return list(seen.values())
 

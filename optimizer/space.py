@@ -18,7 +18,10 @@ Orders: permutations of all loops with the loops shared by every op first.
 Two orders of one level are equivalent when, for every op and tensor, the walk
 alternates between the same sets of tensor loops and other loops (the order
 inside each run and the trailing non-tensor loops never change DV); only one
-order per class is searched.
+order per class is searched. Workloads with many loops (convolutions) have
+thousands of classes; there one order per relaxed class is searched (which
+other loops precede each tensor's last loop), and the search is then not
+exhaustive.
 """
 from __future__ import annotations
 
@@ -66,7 +69,7 @@ def _tensor_walks(workload: Workload, order):
     for op in workload.ops:
         walk = [x for x in order if x in op.loops]
         for name in [*op.inputs, op.output]:
-            yield walk, set(workload.tensors[name].dims)
+            yield walk, set(workload.tensors[name].loops)
 
 
 def order_signature(workload: Workload, order) -> tuple:
@@ -99,21 +102,31 @@ def order_classes(workload: Workload, key=order_signature, leading: list[str] | 
     """One representative order per equivalence class, in a stable order, each starting with
     the `leading` loops (the target's: on GPUs the grid's loops, since blocks run side by side
     and every other loop runs serially inside a block)."""
-    shared = workload.shared_loops
-    private = [x for x in workload.dims if x not in shared]
     grid = leading or []
+    # A loop of extent 1 never runs more than once, so where it stands changes nothing: it
+    # closes its group instead of being permuted.
+    unit = [x for x in workload.dims if workload.dims[x] == 1 and x not in grid]
+    shared = [x for x in workload.shared_loops if x not in unit]
+    private = [x for x in workload.dims if x not in workload.shared_loops and x not in unit]
+    unit_shared = tuple(x for x in unit if x in workload.shared_loops)
+    unit_private = tuple(x for x in unit if x not in workload.shared_loops)
     seen: dict[tuple, tuple[str, ...]] = {}
     for head in itertools.permutations(shared):
         if grid and sorted(head[: len(grid)]) != sorted(grid):
             continue
         for tail in itertools.permutations(private):
-            order = head + tail
+            order = head + unit_shared + tail + unit_private
             seen.setdefault(key(workload, order), order)
     reps = list(seen.values())
     for order in reps:
         check_order(workload, order)
     return reps
 
+
+# Past this many order classes per level (a convolution's seven loops give ~1900), levels
+# search one order per relaxed class instead (relaxed_signature: exact when every loop runs
+# more than once, as it does away from ragged edges); enumerate then reports `feasible`.
+ORDER_CLASS_LIMIT = 256
 
 # A plan within this fraction of the lower bound is reported optimal (a MIP-style gap):
 # on SIMD CPUs the bound adds the best register-load time any tile allows, which real
@@ -151,6 +164,7 @@ class Space:
     loops: list[str] = field(init=False)
     candidates: dict[str, np.ndarray] = field(init=False)
     orders: list[tuple[str, ...]] = field(init=False)
+    exhaustive_orders: bool = field(init=False)  # False: one order per relaxed class (ORDER_CLASS_LIMIT)
     compute_seconds: float = field(init=False)
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
@@ -165,6 +179,9 @@ class Space:
         self.loops = list(w.dims)
         self.candidates = {x: tile_candidates(e, self.fine and self.target.fine_candidates) for x, e in w.dims.items()}
         self.orders = order_classes(w, leading=self.target.leading_loops(w))
+        self.exhaustive_orders = len(self.orders) <= ORDER_CLASS_LIMIT
+        if not self.exhaustive_orders:
+            self.orders = order_classes(w, key=relaxed_signature, leading=self.target.leading_loops(w))
         self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
         # Every level loads each input and output at least once.
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes

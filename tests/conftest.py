@@ -47,3 +47,53 @@ def memory_bound(levels) -> Hardware:
 @pytest.fixture
 def rng():
     return random.Random(20261121)
+
+
+def _conv_equations(rng: random.Random, s: int, d: int, pad: int) -> tuple[dict, dict, list]:
+    """Tensors and ops of a small random conv workload (2-D, depthwise 1-D, conv -> 1x1 chain or a
+    three-term index), with stride s, dilation d and padding `pad` (a negative offset)."""
+    off = f"-{pad}" if pad else ""
+    form = rng.choice(["conv2d", "depthwise", "chain", "three"])
+    if form == "depthwise":
+        tensors = {"I": ["c", f"{s}*oh+{d}*kh{off}"], "W": ["c", "kh"], "O": ["c", "oh"]}
+        return form, tensors, [("dw", ["c", "oh", "kh"], ["I", "W"], "O")]
+    if form == "three":
+        tensors = {"I": [f"{s}*oh+{d}*kh+{rng.randint(1, 3)}*z"], "W": ["kh", "z"], "O": ["oh"]}
+        return form, tensors, [("t", ["oh", "kh", "z"], ["I", "W"], "O")]
+    tensors = {"I": ["n", "c", f"{s}*oh+{d}*kh{off}", f"{s}*ow+{d}*kw{off}"], "W": ["k", "c", "kh", "kw"],
+               "C": ["n", "k", "oh", "ow"]}
+    ops = [("conv", ["n", "k", "oh", "ow", "c", "kh", "kw"], ["I", "W"], "C")]
+    if form == "chain":
+        tensors |= {"V": ["f", "k"], "E": ["n", "f", "oh", "ow"]}
+        ops.append(("pointwise", ["n", "k", "oh", "ow", "f"], ["C", "V"], "E"))
+    return form, tensors, ops
+
+
+def random_affine_case(rng: random.Random, max_levels: int = 3):
+    """A random convolution-like workload with affine indices (strides 1-3, dilations 1-2,
+    padding, odd extents), hierarchy depth, nested clipped tiles and a valid order per level."""
+    from cachetile.models.indexing import parse_index
+    from cachetile.models.workload import Workload
+
+    s, d, pad = rng.randint(1, 3), rng.randint(1, 2), rng.choice([0, 0, 1])
+    form, tensors, ops = _conv_equations(rng, s, d, pad)
+    loops = dict.fromkeys(x for _, lp, _, _ in ops for x in lp)
+    small = {"n": 2, "c": 3, "k": 3, "f": 3, "kh": 3, "kw": 3, "z": 3}
+    dims = {x: rng.randint(1, small.get(x, 6)) for x in loops}
+    spec = {n: {"dims": t} for n, t in tensors.items()}
+    if pad:  # the stored input: the padded one less `pad` on each side of each affine dim
+        spec["I"]["shape"] = [max(1, ix.extent(dims) - 2 * pad) if not ix.plain else dims[ix.loops[0]]
+                              for ix in map(parse_index, tensors["I"])]
+    w = Workload(kind=form, dims=dims, dtype=rng.choice(["float32", "float16"]), tensors=spec,
+                 ops=[{"name": n, "loops": lp, "inputs": i, "output": o} for n, lp, i, o in ops])
+    levels = rng.randint(1, max_levels)
+    tiles, parent = [None] * levels, dict(w.dims)
+    for j in reversed(range(levels)):
+        tiles[j] = {x: rng.randint(1, parent[x]) for x in w.dims}
+        parent = tiles[j]
+    orders = []
+    for _ in range(levels):
+        shared, private = list(w.shared_loops), [x for x in w.dims if x not in w.shared_loops]
+        rng.shuffle(shared), rng.shuffle(private)
+        orders.append(shared + private)
+    return w, orders, tiles, (s, d)

@@ -1,8 +1,12 @@
 """Brute-force block-level simulator: walks every loop and counts block reloads.
 
 Independent of models/costmodel.py: it enumerates the actual iteration sequence
-and compares each tensor's active block with the previous one.
+and compares each tensor's active block with the previous one. A block is its
+loops' blocks; its size is the number of distinct index tuples it touches,
+counted by listing them (an affine dim `2*oh+kh` touches {2a + b} over the
+block's a and b).
 """
+import itertools
 
 
 def simulate_dv(workload, orders, tiles, level, tensors=None):
@@ -20,13 +24,11 @@ def simulate_dv(workload, orders, tiles, level, tensors=None):
             nonlocal total
             if i == len(walk):
                 for t in io:
-                    key = tuple(block[x][level] for x in workload.tensors[t].dims)
+                    tensor = workload.tensors[t]
+                    key = tuple(block[x][level] for x in tensor.loops)
                     if key != last[t]:
                         last[t] = key
-                        size = 1
-                        for _, s in key:
-                            size *= s
-                        total += size * workload.elem_bytes
+                        total += _touched(tensor, {x: block[x][level] for x in tensor.loops}) * workload.elem_bytes
                 return
             j, y = walk[i]
             start, size = block[y][j + 1]
@@ -39,15 +41,30 @@ def simulate_dv(workload, orders, tiles, level, tensors=None):
     return total
 
 
+def _touched(tensor, ranges):
+    """Distinct index tuples a block touches; `ranges` maps each loop to (start, size). Each
+    loop indexes one dim, so that is the product of each dim's distinct indices."""
+    size = 1
+    for ix in tensor.index:
+        combos = itertools.product(*[range(s, s + n) for s, n in (ranges[x] for x in ix.loops)])
+        size *= len({sum(c * a for (_, c), a in zip(ix.terms, combo)) for combo in combos})
+    return size
+
+
+def _window(tensor, tile):
+    """Elements of the box between the smallest and largest index the full block reaches."""
+    size = 1
+    for ix in tensor.index:
+        values = [sum(c * a for (_, c), a in zip(ix.terms, combo))
+                  for combo in itertools.product(*[range(int(tile[x])) for x in ix.loops])]
+        size *= max(values) - min(values) + 1
+    return size
+
+
 def simulate_mu(workload, tile):
-    """Largest per-op footprint of full level blocks, by listing each block."""
+    """Largest per-op footprint of full level blocks (the windows they span), by listing each block."""
     worst = 0
     for op in workload.ops:
-        total = 0
-        for t in [*op.inputs, op.output]:
-            size = 1
-            for x in workload.tensors[t].dims:
-                size *= int(tile[x])
-            total += size
+        total = sum(_window(workload.tensors[t], tile) for t in [*op.inputs, op.output])
         worst = max(worst, total)
     return worst * workload.elem_bytes

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
 import pytest
 import tvm
 
@@ -280,3 +281,42 @@ def test_bfloat16_kernels_build_and_match_numpy():
     built = get_backend("llvm").build(w, HOST, result.plan)
     assert check(w, built.lib) >= 0.0
     assert "bfloat16x" not in built.emitted.schedule.mod.script()  # no explicit bfloat16 vectors
+
+
+def _conv_reference(x, w, stride, pad, dilation, layout, groups):
+    """An independent conv: zero-pad, take every window with sliding_window_view, einsum."""
+    if layout == "nhwc":  # to nchw / kcrs and back
+        x, w = x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)
+    x = np.pad(x, ((0, 0), (0, 0), (pad, pad), (pad, pad)))
+    k, cg, r, s = w.shape
+    win = sliding_window_view(x, (dilation * (r - 1) + 1, dilation * (s - 1) + 1), axis=(2, 3))
+    win = win[:, :, ::stride, ::stride, ::dilation, ::dilation]  # n, c, oh, ow, r, s
+    n, c, oh, ow = win.shape[:4]
+    win = win.reshape(n, groups, c // groups, oh, ow, r, s)
+    out = np.einsum("ngchwrs,gkcrs->ngkhw", win, w.reshape(groups, k // groups, cg, r, s)).reshape(n, k, oh, ow)
+    return out.transpose(0, 2, 3, 1) if layout == "nhwc" else out
+
+
+@pytest.mark.parametrize("sizes,params", [
+    ({"n": 2, "c": 5, "h": 11, "w": 13, "k": 6, "r": 3, "s": 3}, {"pad": 1}),
+    ({"n": 1, "c": 3, "h": 15, "w": 10, "k": 7, "r": 3, "s": 2}, {"stride": 2, "pad": 1, "dilation": 2}),
+    ({"n": 1, "c": 6, "h": 9, "w": 9, "k": 4, "r": 1, "s": 1}, {"stride": 3}),
+    ({"n": 1, "c": 8, "h": 7, "w": 9, "k": 8, "r": 3, "s": 3}, {"groups": 8, "pad": 1, "layout": "nhwc"}),
+    ({"n": 1, "c": 4, "h": 9, "w": 8, "k": 6, "r": 3, "s": 3}, {"groups": 2, "stride": 2}),
+])
+def test_planned_conv_kernels_match_a_sliding_window_reference(sizes, params):
+    w = builtin("conv2d", sizes, params=params)
+    result = tune(w, HOST, time_limit=3, top=0)
+    lib = build(w, HOST, result.plan).lib
+    arrays = random_inputs(w)
+    got = run_kernel(w, lib, arrays)["O"]
+    # Loops of extent 1 (a 1x1 window, one channel per group) are left out of the arrays' dims,
+    # not out of their memory: the weights are (K, C/G, R, S) or (R, S, C/G, K) arrays.
+    cg = sizes["c"] // params.get("groups", 1)
+    nhwc = params.get("layout") == "nhwc"
+    weights = arrays["W"].reshape((sizes["r"], sizes["s"], cg, sizes["k"]) if nhwc else (sizes["k"], cg, sizes["r"], sizes["s"]))
+    x = arrays["I"].reshape(w.shape("I")[0], sizes["c"], sizes["h"], sizes["w"]) if params.get("layout") != "nhwc" \
+        else arrays["I"]
+    want = _conv_reference(x.astype(np.float64), weights.astype(np.float64), params.get("stride", 1), params.get("pad", 0),
+                           params.get("dilation", 1), params.get("layout", "nchw"), params.get("groups", 1))
+    np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)

@@ -306,3 +306,25 @@ def test_a_tvm_failure_inside_a_build_is_reported_as_build_failed(monkeypatch, c
     assert status == 1 and len(err) == 1
     assert err[0].startswith('tune: error: build failed: ScheduleError: The "vectorize" cannot be fulfilled'), err
     assert "not a data parallel block iter" in err[0] and "no feasible plan" not in err[0]
+
+
+def test_einsum_and_conv2d_commands(tmp_path):
+    doc = json.loads(tune("einsum", "bmk,bkn->bmn", "--dims", "b=2,m=16,n=32,k=8", "--hardware", "h100",
+                          "--json", "--top", "0").stdout)
+    assert doc["workload"]["tensors"]["C"]["dims"] == ["b", "m", "n"] and doc["workload"]["kind"] == "einsum"
+    chain = json.loads(tune("einsum", "C[m,l] = A[m,k]*B[k,l]; E[m,n] = C[m,l]*D[l,n]", "--dims", "m=8,l=8,k=4,n=4",
+                            "--hardware", "h100", "--json", "--top", "0").stdout)
+    assert chain["workload"]["tensors"]["C"]["role"] == "intermediate"
+    conv = json.loads(tune("conv2d", "--N", "1", "--C", "8", "--H", "9", "--W", "9", "--K", "4", "--R", "3", "--S", "3",
+                           "--stride", "2", "--pad", "1", "--layout", "nhwc", "--hardware", "h100", "--json",
+                           "--top", "0", "--export", str(tmp_path)).stdout)
+    assert conv["workload"]["tensors"]["I"] == {"dims": ["n", "2*oh+kh-1", "2*ow+kw-1", "c"], "role": "input",
+                                                "shape": [1, 9, 9, 8]}
+    assert conv["workload"]["dims"]["oh"] == 5 and (tmp_path / "kernel.cu").exists()
+    bad("einsum", "C[m,n] = A[m,k]*B[k,n", "--dims", "m=4,n=4,k=4",
+        match="equation 1 'C[m,n] = A[m,k]*B[k,n': expected ']' to close B[ at column 22")
+    bad("einsum", "mk,kn->mn", "--dims", "m=4,k", match="argument --dims: 'k' is not LOOP=EXTENT")
+    bad("conv2d", "--N", "1", "--C", "8", "--H", "2", "--W", "9", "--R", "3", "--S", "3",
+        match="conv2d: the 3x3 window with dilation 1 does not fit the 2x9 input padded by 0")
+    bad("conv2d", "--N", "1", "--C", "8", "--H", "9", "--W", "9", "--R", "3", "--S", "3", "--stride", "0",
+        match="argument --stride: 0 must be >= 1")

@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import random_case
+from conftest import random_affine_case, random_case
 from simulator import simulate_dv, simulate_mu
 
 from cachetile.models.costmodel import check_order, check_tiles, data_volume, memory_usage, single_level_bound
@@ -89,3 +89,47 @@ def test_tiles_must_nest():
     w = builtin("gemm", {"m": 8, "n": 8, "k": 8})
     with pytest.raises(ValueError, match="level 0 tile of 'm' is 8; it must be between 1 and 4"):
         check_tiles(w, [{"m": 8, "n": 2, "k": 2}, {"m": 4, "n": 8, "k": 8}])
+
+
+def test_affine_closed_form_equals_simulator_on_random_convolutions():
+    rng = random.Random(15)
+    seen, checked = set(), 0
+    for _ in range(220):
+        w, orders, tiles, (stride, dilation) = random_affine_case(rng)
+        dv = data_volume(w, orders, tiles)
+        for level in range(len(orders)):
+            assert float(dv[level]) == simulate_dv(w, orders, tiles, level), (w.kind, w.dims, orders, tiles, level)
+            assert float(memory_usage(w, tiles[level])) == simulate_mu(w, tiles[level])
+            checked += 1
+        ragged = any(w.dims[x] % t[x] for t in tiles for x in w.dims)
+        seen |= {("stride", stride), ("dilation", dilation), ("levels", len(orders)), ("form", w.kind),
+                 ("ragged", ragged)}
+    assert seen >= {("stride", 1), ("stride", 2), ("stride", 3), ("dilation", 1), ("dilation", 2),
+                    ("levels", 1), ("levels", 2), ("levels", 3), ("form", "chain"), ("form", "depthwise"),
+                    ("form", "conv2d"), ("form", "three"), ("ragged", True)}
+    assert checked >= 400
+
+
+def test_affine_vectorised_evaluation_matches_scalar():
+    rng = random.Random(5)
+    for _ in range(6):
+        w, orders, tiles, _ = random_affine_case(rng, max_levels=2)
+        inner = {x: np.array([1, max(1, t // 2), t]) for x, t in tiles[0].items()}
+        dv = data_volume(w, orders, [inner, *tiles[1:]])
+        mu = memory_usage(w, inner)
+        for i in range(3):
+            scalar = [{x: int(v[i]) for x, v in inner.items()}, *tiles[1:]]
+            assert np.broadcast_to(dv[0], (3,))[i] == simulate_dv(w, orders, scalar, 0)
+            assert np.broadcast_to(mu, (3,))[i] == simulate_mu(w, scalar[0])
+
+
+def test_a_stride_two_window_touches_every_other_row():
+    # I[2*oh + kh] with Tkh = 1: a block of 4 output rows touches rows {0, 2, 4, 6}, 4 of the 7 it spans.
+    from cachetile.models.workload import Workload
+    w = Workload(dims={"oh": 8, "kh": 3}, tensors={"I": {"dims": ["2*oh+kh"]}, "W": {"dims": ["kh"]}, "O": {"dims": ["oh"]}},
+                 ops=[{"name": "conv", "loops": ["oh", "kh"], "inputs": ["I", "W"], "output": "O"}])
+    tile = {"oh": 4, "kh": 1}
+    dv = float(data_volume(w, [["oh", "kh"]], [tile])[0]) / 4
+    assert dv == 2 * 3 * 4 + 2 * 3 * 1 + 8  # I: 6 blocks of 4 rows; W: 6 of 1; O: 8
+    assert float(memory_usage(w, tile)) / 4 == 7 + 1 + 4  # the window I's buffer holds is 7 rows
+    assert w.extents("I") == [17] and w.shape("I") == [17] and w.size("I") == 17

@@ -233,3 +233,31 @@ def test_cli_exports_cuda_and_measure_says_why_it_cannot_run(tmp_path):
 def test_cli_cuda_usage_errors(args, message):
     done = _tune("gemm", "--M", "64", "--N", "64", "--K", "64", *args)
     assert done.returncode == 2 and message in done.stderr and "Traceback" not in done.stderr
+
+
+CONVS = [  # odd shapes, strides, dilation, padding, depthwise -> pointwise, conv -> 1x1 in nhwc
+    {"n": 2, "c": 3, "h": 9, "w": 10, "k": 4, "r": 3, "s": 2, "params": {"stride": 2, "pad": 1, "dilation": 2}},
+    {"n": 1, "c": 6, "h": 8, "w": 8, "r": 3, "s": 3, "params": {"groups": 6, "pointwise": 5, "pad": 1}},
+    {"n": 1, "c": 4, "h": 7, "w": 9, "k": 6, "r": 3, "s": 3, "params": {"pointwise": 3, "layout": "nhwc", "stride": 2}},
+]
+
+
+def _conv(case):
+    return builtin("conv2d", {x: v for x, v in case.items() if x != "params"}, params=case["params"])
+
+
+@pytest.mark.parametrize("case", CONVS, ids=["strided", "dw-pw", "conv-1x1-nhwc"])
+def test_emitted_cuda_conv_computes_the_workload(tmp_path, case):
+    w = _conv(case)
+    result = tune(w, H100, time_limit=2)
+    lib = _serial_llvm(emit_cuda(w, H100, result.plan))
+    arrays = random_inputs(w)
+    args = kernel_args(w, arrays)
+    lib["main"](*args)
+    want = numpy_reference(w)(arrays)[w.signature[-1]]
+    assert np.abs(args[-1].numpy() - want).max() <= 1e-3 * np.abs(want).max()
+    if NVCC is not None:
+        export_cuda(result, tmp_path, "sm_90")
+        done = subprocess.run([NVCC, "-arch=sm_90", "-cubin", "-o", str(tmp_path / "kernel.cubin"),
+                               str(tmp_path / "kernel.cu")], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -127,12 +127,26 @@ def _mutate(draw, body: dict, paths: list) -> dict:
 ODD = ["32", True, None, 0, -1, 2**31, 4.5, float("nan"), [], ["q"], {}, "", "m", ["m", "m"], 1e300]
 
 
+MAX_SIZES = max(len(k.loops) for k in KINDS.values()) + 1  # every kind's loops and a batch
+
+
+def sizes(kind: str, extents: list[int], count: int | None = None) -> dict[str, int]:
+    """The first `count` (default: all) of the kind's loops and the batch, sized by `extents`; a
+    window (conv2d's r, s) no larger than its input, so the sizes make a workload."""
+    spec = KINDS[kind]
+    names = [*spec.loops, *(["b"] if spec.batch != "none" else [])]
+    dims = dict(zip(names[: len(names) if count is None else count], extents))
+    for window, image in [("r", "h"), ("s", "w")] if kind == "conv2d" else []:
+        dims[window] = min(dims[window], dims[image])
+    return dims
+
+
 @st.composite
 def workload_objects(draw):
     """A built-in's short form or its full workload object, with up to two odd values."""
     kind = draw(st.sampled_from(list(KINDS)))
-    extents = draw(st.lists(st.integers(1, 64), min_size=5, max_size=5))
-    dims = dict(zip([*KINDS[kind].loops, "b"][: draw(st.integers(len(KINDS[kind].loops), 5))], extents))
+    extents = draw(st.lists(st.integers(1, 64), min_size=MAX_SIZES, max_size=MAX_SIZES))
+    dims = sizes(kind, extents, draw(st.integers(len(KINDS[kind].loops), len(KINDS[kind].loops) + 1)))
     if KINDS[kind].batch == "required":
         dims.setdefault("b", 2)
     dtype = draw(st.sampled_from(["float32", "float16", "int8", "float64"]))
@@ -199,8 +213,8 @@ def test_cli_hardware_files(hardware, workload, tmp_path_factory, capsys):
 
 # --- the Python API ----------------------------------------------------------------------------
 small_workloads = st.builds(
-    lambda kind, extents, dtype: builtin(kind, dict(zip([*KINDS[kind].loops, "b"], extents)), dtype),
-    st.sampled_from(list(KINDS)), st.lists(st.integers(1, 12), min_size=5, max_size=5),
+    lambda kind, extents, dtype: builtin(kind, sizes(kind, extents), dtype),
+    st.sampled_from(list(KINDS)), st.lists(st.integers(1, 12), min_size=MAX_SIZES, max_size=MAX_SIZES),
     st.sampled_from(["float32", "float16", "int8"]))
 ODD_TILES = [0, -1, 0.5, 2.0, "4", None, True, np.int64(3), np.array([1, 2]), np.array([0]), 10**6]
 

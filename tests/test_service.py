@@ -228,3 +228,18 @@ def test_gpu_job_exports_checked_cuda_and_says_why_it_was_not_measured(server):
 def test_serve_flags():
     args = build_parser().parse_args(["serve"])
     assert (args.host, args.port, args.max_time_limit) == ("127.0.0.1", 8000, 60.0)
+
+
+def test_conv_and_einsum_forms_and_their_errors(server):
+    conv = {"kind": "conv2d", "dims": {"n": 1, "c": 8, "h": 9, "w": 9, "k": 4, "r": 3, "s": 3}, "stride": 2, "pad": 1}
+    r = httpx.post(f"{server}/v1/plans", json={"workload": conv, "hardware": "h100", "top": 0}, timeout=60)
+    assert r.status_code == 200 and r.json()["workload"]["tensors"]["I"]["dims"][2] == "2*oh+kh-1"
+    eq = {"equations": ["C[m,l] = A[m,k]*B[k,l]", "E[m,n] = C[m,l]*D[l,n]"], "dims": {"m": 8, "l": 8, "k": 4, "n": 4}}
+    r = httpx.post(f"{server}/v1/plans", json={"workload": eq, "hardware": "h100", "top": 0}, timeout=60)
+    assert r.status_code == 200 and r.json()["workload"]["tensors"]["C"]["role"] == "intermediate"
+    bad = {**eq, "equations": ["C[m,l] = A[m,k]*B[k,l]", "E[m,n] = C[m,l] D[l,n]"]}
+    r = httpx.post(f"{server}/v1/plans", json={"workload": bad, "hardware": "h100"}, timeout=60)
+    assert r.status_code == 422
+    assert "equation 2 'E[m,n] = C[m,l] D[l,n]': expected '*' or the end, found 'D' at column 17" in r.json()["detail"]
+    r = httpx.post(f"{server}/v1/plans", json={"workload": {**conv, "layout": "chw"}, "hardware": "h100"}, timeout=60)
+    assert r.status_code == 422 and "layout" in r.json()["detail"]

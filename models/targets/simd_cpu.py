@@ -79,7 +79,9 @@ class SimdCpu(Target):
         for op in workload.ops:
             vector = workload.tensors[op.output].dims[-1]
             for name in op.inputs:
-                weights[(op.name, name)] = 1 if workload.tensors[name].dims[-1] == vector else lanes
+                # A vector load needs the vector loop to step the last dim by one element.
+                vectored = (vector, 1) in workload.index(name)[-1].terms
+                weights[(op.name, name)] = 1 if vectored else lanes
             weights[(op.name, op.output)] = 2
         return weights
 

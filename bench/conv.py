@@ -1,0 +1,225 @@
+"""Convolution benchmark: planned TVM conv kernels against im2col + np.matmul, fused chains
+against their unfused pair, and MetaSchedule on one layer.
+
+    python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule | --skip-layers]
+
+One process. For each layer (ResNet-50 3x3 and 1x1 layers, stride-2 layers, a
+MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1): the plan
+`tune` returns (default 10 s limit, `auto`), built by the CPU backend and
+checked against numpy, then timed beside im2col + np.matmul on the same
+arrays, both medians of >= 10 runs. im2col is part of the baseline: zero-pad,
+gather the windows into a (pixels, R*S*C) matrix, one np.matmul with the
+weights laid out as (R*S*C, K) beforehand (depthwise: one batched matmul per
+channel). numpy runs first: TVM's pool threads spin after a kernel and would
+slow OpenBLAS. For chains, `unfused` is the conv and the 1x1 conv planned and
+built as two kernels, timed back to back (the second reads the first's output).
+`--threads N` runs both OpenBLAS and TVM on N threads (default: every core),
+and plans for that many cores.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+if "--threads" in sys.argv:  # before numpy loads: OpenBLAS reads it once
+    _threads = sys.argv[sys.argv.index("--threads") + 1]
+    os.environ.update(OPENBLAS_NUM_THREADS=_threads, OMP_NUM_THREADS=_threads, TVM_NUM_THREADS=_threads)
+
+import numpy as np  # noqa: E402
+from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from solve_times import table  # noqa: E402
+
+# (name, sizes, options): ResNet-50 (v1.5, stride in the 3x3) and MobileNet-v1 layers, batch 1.
+LAYERS = [
+    ("r50 conv2 3x3", dict(n=1, c=64, h=56, w=56, k=64, r=3, s=3), dict(pad=1)),
+    ("r50 conv2 1x1 64->256", dict(n=1, c=64, h=56, w=56, k=256, r=1, s=1), {}),
+    ("r50 conv3 3x3", dict(n=1, c=128, h=28, w=28, k=128, r=3, s=3), dict(pad=1)),
+    ("r50 conv3 3x3 s2", dict(n=1, c=128, h=56, w=56, k=128, r=3, s=3), dict(pad=1, stride=2)),
+    ("r50 conv4 3x3", dict(n=1, c=256, h=14, w=14, k=256, r=3, s=3), dict(pad=1)),
+    ("r50 conv4 1x1 1024->256", dict(n=1, c=1024, h=14, w=14, k=256, r=1, s=1), {}),
+    ("r50 conv5 3x3", dict(n=1, c=512, h=7, w=7, k=512, r=3, s=3), dict(pad=1)),
+    ("r50 down 1x1 s2", dict(n=1, c=512, h=28, w=28, k=1024, r=1, s=1), dict(stride=2)),
+    ("mbv1 dw+pw 128", dict(n=1, c=128, h=56, w=56, k=128, r=3, s=3), dict(pad=1, groups=128, pointwise=128)),
+    ("r50 3x3 -> 1x1", dict(n=1, c=64, h=56, w=56, k=64, r=3, s=3), dict(pad=1, pointwise=256)),
+]
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def im2col_conv(x, w, sizes, options):
+    """The baseline, nhwc: x (N, H, W, C), w (R*S*C/G, K) or, depthwise, (C, R*S, 1)."""
+    stride, pad, dilation = options.get("stride", 1), options.get("pad", 0), options.get("dilation", 1)
+    r, s = sizes["r"], sizes["s"]
+    xp = np.pad(x, ((0, 0), (pad, pad), (pad, pad), (0, 0))) if pad else x
+    win = sliding_window_view(xp, (dilation * (r - 1) + 1, dilation * (s - 1) + 1), axis=(1, 2))
+    win = win[:, ::stride, ::stride, :, ::dilation, ::dilation]  # n, oh, ow, c, r, s
+    n, oh, ow, c = win.shape[:4]
+    if options.get("groups", 1) == c:  # depthwise: per channel, (pixels, R*S) @ (R*S, 1)
+        cols = np.ascontiguousarray(win.transpose(3, 0, 1, 2, 4, 5)).reshape(c, n * oh * ow, r * s)
+        return np.matmul(cols, w).reshape(c, n, oh, ow).transpose(1, 2, 3, 0)
+    cols = np.ascontiguousarray(win.transpose(0, 1, 2, 4, 5, 3)).reshape(n * oh * ow, r * s * c)
+    return np.matmul(cols, w).reshape(n, oh, ow, -1)
+
+
+def baseline(sizes, options, rng):
+    """A function running im2col + matmul (then the 1x1 conv's matmul) on fresh arrays."""
+    n, c, h, wd, k = (sizes[x] for x in "nchwk")
+    x = rng.standard_normal((n, h, wd, c)).astype(np.float32)
+    if options.get("groups", 1) == c:
+        w = rng.standard_normal((c, sizes["r"] * sizes["s"], 1)).astype(np.float32)
+    else:
+        w = rng.standard_normal((sizes["r"] * sizes["s"] * c, k)).astype(np.float32)
+    f = options.get("pointwise")
+    v = rng.standard_normal((k, f)).astype(np.float32) if f else None
+    if v is None:
+        return lambda: im2col_conv(x, w, sizes, options)
+    return lambda: np.matmul(im2col_conv(x, w, sizes, options), v)
+
+
+def workload(sizes, options, layout):
+    from cachetile import builtin
+
+    return builtin("conv2d", sizes, params={**options, "layout": layout})
+
+
+def planned(w, hw, time_limit):
+    """(plan seconds, built kernel, its GFLOP/s) for the plan `tune` returns; checked against numpy."""
+    from cachetile import tune
+    from cachetile.backends.base import get_backend
+    from cachetile.backends.llvm_measure import check, kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
+
+    start = time.perf_counter()
+    result = tune(w, hw, time_limit=time_limit, top=0)
+    plan_s = time.perf_counter() - start
+    built = get_backend("llvm").build(w, hw, result.plan)
+    check(w, built.lib)
+    seconds = time_kernel(built.lib.mod, kernel_args(w, random_inputs(w)))
+    return plan_s, built, seconds
+
+
+def unfused_seconds(sizes, options, layout, hw, time_limit):
+    """The conv and the 1x1 conv as two planned kernels, back to back."""
+    from cachetile import tune
+    from cachetile.backends.base import get_backend
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.models.measurement import random_inputs
+
+    first = workload(sizes, {o: v for o, v in options.items() if o != "pointwise"}, layout)
+    oh = first.dims["oh"]
+    second = workload(dict(n=sizes["n"], c=sizes["k"], h=oh, w=first.dims["ow"], k=options["pointwise"], r=1, s=1),
+                      {}, layout)
+    total, previous = 0.0, None
+    for w in (first, second):
+        lib = get_backend("llvm").build(w, hw, tune(w, hw, time_limit=time_limit, top=0).plan).lib.mod
+        args = kernel_args(w, random_inputs(w))
+        if previous is not None:
+            args[0] = previous  # the 1x1 conv reads the conv's output
+        total += time_kernel(lib, args)
+        previous = args[-1]
+    return total
+
+
+def layer_rows(hw, layout, time_limit):
+    from cachetile.backends.llvm_measure import _median_seconds as median_seconds
+
+    rng = np.random.default_rng(0)
+    rows, ratios, fused = [], [], []
+    for name, sizes, options in LAYERS:
+        log(f"conv: {name}")
+        w = workload(sizes, options, layout)
+        time.sleep(0.2)
+        numpy_s = median_seconds(baseline(sizes, options, rng), 10)
+        plan_s, built, kernel_s = planned(w, hw, time_limit)
+        ratio = numpy_s / kernel_s
+        ratios.append(ratio)
+        unfused = "-"
+        if "pointwise" in options:
+            pair = unfused_seconds(sizes, options, layout, hw, time_limit)
+            fused.append(pair / kernel_s)
+            unfused = f"{w.flops / pair / 1e9:.1f} ({pair / kernel_s:.2f}x)"
+        shape = f"{sizes['c']}x{sizes['h']}x{sizes['w']} -> {sizes['k']}, {sizes['r']}x{sizes['s']}" + \
+            "".join(f" {o}={v}" for o, v in options.items())
+        rows.append((name, shape, f"{plan_s:.2f}", f"{built.seconds:.2f}", f"{w.flops / kernel_s / 1e9:.1f}",
+                     f"{w.flops / numpy_s / 1e9:.1f}", f"{ratio:.2f}", unfused))
+    text = table(("layer", "shape (layout " + layout + ")", "plan s", "build s", "kernel GFLOP/s",
+                  "im2col+matmul GFLOP/s", "kernel/im2col", "unfused pair GFLOP/s (fused/unfused)"), rows)
+    geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
+    text += f"\n\ngeomean kernel/im2col+matmul: {geo:.2f} over {len(ratios)} layers (target >= 1.0)"
+    if fused:
+        text += f"\nfused/unfused: {', '.join(f'{f:.2f}' for f in fused)} (target >= 1.2)"
+    return text
+
+
+def metaschedule_rows(hw, layout, trials, time_limit, layer=2):
+    """MetaSchedule on one layer's unscheduled TensorIR against cachetile's plan + build."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from cachetile.backends.llvm_build import llvm_target
+    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.backends.tensorir import primfunc
+    from cachetile.models.measurement import random_inputs
+
+    name, sizes, options = LAYERS[layer]
+    w = workload(sizes, options, layout)
+    target = tvm.target.Target(llvm_target(hw))
+    plan_s, built, kernel_s = planned(w, hw, time_limit)
+    ours_s = plan_s + built.seconds
+    rows = [(name, "cachetile", f"{ours_s:.2f}", f"{w.flops / kernel_s / 1e9:.1f}", "1", "1.00")]
+    args = kernel_args(w, random_inputs(w))
+    for n in trials:
+        log(f"metaschedule: {name}, {n} trials")
+        mod = tvm.IRModule({"main": primfunc(w)})
+        with tempfile.TemporaryDirectory() as work, contextlib.redirect_stdout(sys.stderr):
+            begin = time.perf_counter()
+            db = ms.tune_tir(mod, target, work, max_trials_global=n, num_trials_per_iter=64, num_tuning_cores=hw.cores)
+            sch = ms.tir_integration.compile_tir(db, mod, target)
+            lib = tvm.compile(sch.mod, target=target)
+            secs = time.perf_counter() - begin
+        its = time_kernel(lib.mod, args)
+        rows.append((name, f"MetaSchedule {n}", f"{secs:.1f}", f"{w.flops / its / 1e9:.1f}", f"{secs / ours_s:.0f}",
+                     f"{its / kernel_s:.2f}"))
+    return table(("layer", "method", "seconds to a kernel", "GFLOP/s", "its seconds / ours", "our GFLOP/s / its"), rows)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--hardware", default="host")
+    ap.add_argument("--layout", default="nhwc", choices=["nhwc", "nchw"])
+    ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--trials", type=int, nargs="+", default=[64])
+    ap.add_argument("--skip-metaschedule", action="store_true")
+    ap.add_argument("--skip-layers", action="store_true", help="only the MetaSchedule table")
+    ap.add_argument("--threads", type=int, help="OpenBLAS and TVM threads, and the cores plans assume (default: all)")
+    args = ap.parse_args()
+
+    from cachetile import hardware_from
+    from cachetile.backends.llvm_build import use_all_cores
+    from cachetile.backends.llvm_measure import cpu_name
+
+    hw = hardware_from(args.hardware)
+    if args.threads:
+        hw = hw.model_copy(update={"cores": args.threads, "peak_flops": hw.peak_flops * args.threads / hw.cores})
+    use_all_cores(hw)
+    print(f"# conv kernels on {hw.name}: {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})\n")
+    if not args.skip_layers:
+        print(layer_rows(hw, args.layout, args.time_limit) + "\n", flush=True)
+    if not args.skip_metaschedule:
+        print(metaschedule_rows(hw, args.layout, args.trials, args.time_limit), flush=True)
+
+
+if __name__ == "__main__":
+    main()
