@@ -64,7 +64,7 @@ def format_table(result: TuneResult) -> str:
 
 
 def format_hardware(hw: Hardware) -> str:
-    state = f"calibrated on {hw.calibrated}" if hw.calibrated else "assumed figures" if hw.kind == "cpu" else "published figures"
+    state = f"calibrated on {hw.calibrated}" if hw.calibrated else hw.target.figures
     lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')} ({state})"]
     if hw.gpu is not None and hw.gpu.tensor_flops:
         peaks = ", ".join(f"{d} {_si(v, 'FLOP/s')}" for d, v in hw.gpu.tensor_flops.items())

@@ -149,8 +149,9 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
     l1, l2 = [LOADS[t] * vector_bytes * k for t, k in zip(LOADS, (k1, k2))]
     matrix = np.array([[f1, l1], [f2, l2]], dtype=float)
     inv_peak, inv_bw = np.linalg.solve(matrix, np.array([s1, s2]))
+    # Finite stand-ins for "too fast to measure": the profile is JSON, where inf has no spelling.
     if inv_peak <= 0:  # cannot happen unless timing noise inverts the two kernels: take the faster one
-        return max(f1 / s1, f2 / s2), float("inf")
+        return max(f1 / s1, f2 / s2), 1e18
     if inv_bw <= 1e-15:  # loads fully overlapped with the FMAs here: they cost nothing measurable
         return 1 / inv_peak, 1e18
     return 1 / inv_peak, 1 / inv_bw

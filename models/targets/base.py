@@ -29,6 +29,7 @@ class Target:
     polish_grows: ClassVar[bool] = True  # polish breaks model ties towards fuller levels
     fine_candidates: ClassVar[bool] = True  # tile candidates include the block-count and small-integer sets
     default_stages: ClassVar[int] = 1
+    figures: ClassVar[str] = "assumed figures"  # where an uncalibrated hardware's figures come from
     # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
     # stopped after budget.GPU_WORK, "exact" is enumerate with the NLP solver as fallback.
     auto_strategy: ClassVar[str] = "exact"

@@ -26,6 +26,7 @@ class CudaGpu(Target):
     polish_grows = False  # fuller shared memory costs resident blocks
     fine_candidates = False  # divisors and powers of two only: odd block shapes waste threads and warps
     default_stages = 2
+    figures = "published figures"  # the presets' whitepaper numbers
     auto_strategy = "capped"
 
     def register_weights(self, workload):
