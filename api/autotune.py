@@ -130,7 +130,7 @@ def autotune(request, progress: Progress | None = None, store=None,
         speedup=first.kernel_seconds / trials[ran[0]].measurement.kernel_seconds if first else None,
         seconds=time.perf_counter() - start, candidates=candidates,
         note=(f"the kernels ran on {threads} thread(s), the plans were made for {hw.cores} cores"
-              if threads and hw.kind == "cpu" and threads != hw.cores else None),
+              if threads and threads != hw.cores else None),  # only CPU backends report threads
     )
     if store is not None:
         source = f"autotune via rpc {remote}" if remote else "autotune"

@@ -63,7 +63,7 @@ class Trial:
     measurement: Measurement | None = None
     error: str | None = None  # one line
     kind: str | None = None  # the error's kind (build-failed, mismatch, timeout, unavailable)
-    threads: int | None = None  # the threads the kernel ran on, when known
+    threads: int | None = None  # the CPU threads the kernel ran on (CPU backends report it)
 
 
 class Backend:
