@@ -60,6 +60,22 @@ def _tensors(*arrays):
     return [tvm.runtime.tensor(a) for a in arrays]
 
 
+def _per_thread_accumulators(sch, block, t, repeat, unrolled: list, vector, threads: int):
+    """Compile a kernel whose output block stays in registers for each thread `t` (parallel over
+    the cores) while the `repeat` loop reruns the work: unrolled loops, one vectorised loop."""
+    import tvm
+
+    store = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(store, t)
+    if threads > 1:
+        sch.parallel(t)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(vector)
+    sch.decompose_reduction(block, repeat)
+    return tvm.compile(sch.mod, target=_target(threads))
+
+
 def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: int) -> tuple[float, float, int]:
     """Seconds per call of a register-tile kernel, its flops, and its k steps (all threads)."""
     import tvm
@@ -76,15 +92,7 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
     t, i, j, rr, k_ = sch.get_loops(block)
     jo, ji = sch.split(j, factors=[vectors, lanes])
     sch.reorder(t, rr, k_, i, jo, ji)
-    store = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(store, t)
-    if threads > 1:
-        sch.parallel(t)
-    sch.unroll(i)
-    sch.unroll(jo)
-    sch.vectorize(ji)
-    sch.decompose_reduction(block, rr)
-    lib = tvm.compile(sch.mod, target=_target(threads))
+    lib = _per_thread_accumulators(sch, block, t, rr, [i, jo], ji, threads)
     rng = np.random.default_rng(0)
     args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, cols), "float32"),
                     np.zeros((threads, rows, cols), "float32"))
@@ -105,14 +113,7 @@ def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
     block = sch.get_sblock("out")
     t, u, v, rr, ii = sch.get_loops(block)
     sch.reorder(t, rr, ii, u, v)
-    store = sch.cache_write(block, 0, "local")
-    sch.reverse_compute_at(store, t)
-    if threads > 1:
-        sch.parallel(t)
-    sch.unroll(u)
-    sch.vectorize(v)
-    sch.decompose_reduction(block, rr)
-    lib = tvm.compile(sch.mod, target=_target(threads))
+    lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
     args = _tensors(np.ones((threads, n, ACCUMULATORS, lanes), "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
     return threads * reps * n * ACCUMULATORS * lanes * 4 / _median_seconds(lib, args)
 
