@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import random_plan  # noqa: E402
 from solve_times import table  # noqa: E402
 
 WORKLOADS = {
@@ -35,26 +36,6 @@ WORKLOADS = {
 
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
-
-
-def random_plan(space, rng):
-    """A random plan the backend can emit: nested legal tiles that fit, random orders."""
-    w, n = space.workload, space.n_levels
-    for _ in range(10_000):
-        tiles, parent = [None] * n, dict(w.dims)
-        for j in reversed(range(n)):
-            t = {}
-            for x in space.loops:
-                c = space.candidates[x]
-                ok = c[space.legal(x, c, parent[x], j)]
-                t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
-            if space.usage(j, t) > space.hardware.levels[j].capacity_bytes:
-                break
-            tiles[j], parent = t, t
-        else:
-            orders = [list(space.orders[rng.randrange(len(space.orders))]) for _ in range(n)]
-            return orders, tiles
-    raise RuntimeError("no random feasible plan found")
 
 
 def candidate_plans(w, hw, n_plans: int, rng, time_limit: float = 10.0):

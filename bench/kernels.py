@@ -131,8 +131,6 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
 
 def random_plan(space, rng):
     """A random plan the backend can emit: nested legal tiles that fit, random orders."""
-    from cachetile.models.costmodel import level_usage
-
     w, n = space.workload, space.n_levels
     for _ in range(10_000):
         tiles, parent = [None] * n, dict(w.dims)
@@ -142,7 +140,7 @@ def random_plan(space, rng):
                 c = space.candidates[x]
                 ok = c[space.legal(x, c, parent[x], j)]
                 t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
-            if level_usage(w, space.hardware, j, t) > space.hardware.levels[j].capacity_bytes:
+            if space.usage(j, t) > space.hardware.levels[j].capacity_bytes:
                 break
             tiles[j], parent = t, t
         else:
