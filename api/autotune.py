@@ -30,7 +30,7 @@ from .cache import PlanCache
 from .progress import Progress, scaled
 
 MAX_AUTOTUNE = 32
-REPEAT = 10  # timed runs per candidate (medians)
+REPEAT = 6  # timed rounds of >= 20 ms per candidate (medians); each is timed 2-3 times
 TRIAL_TIMEOUT_S = 30.0  # per candidate's measurement (per RPC session with --rpc)
 PLAN_SHARE = 0.1  # of the progress, for the solve
 BUILD_ALLOWANCE_S = 30.0  # per candidate, in the service's limit on a whole autotune

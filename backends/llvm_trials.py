@@ -4,10 +4,11 @@ Every plan runs on the same random inputs and is checked against one numpy
 result; here numpy is timed once, beside the kernels (an RPC server has no
 numpy reference, so remote Measurements leave the reference fields null). A
 plan that fails to build, disagrees with numpy, or would take longer than the
-time limit is reported with its reason, and the others go on. Here, every
-candidate is timed twice (the second time in reverse order) and the leaders
-(within 10% of the fastest) a third time, each keeping its fastest median, so
-one burst of another process does not decide the pick.
+time limit is reported with its reason, and the others go on. Here, LLVM
+generates every candidate's machine code at once, on all cores, before any is
+timed; then every candidate is timed twice (the second time in reverse order)
+and the leaders (within 10% of the fastest) a third time, each keeping its
+fastest median, so one burst of another process does not decide the pick.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..models.errors import CachetileError
+from ..models.errors import BuildFailed, CachetileError
 from ..models.measurement import compare, measurement, random_inputs, reference
 from ..models.plan import Plan, TuneResult
 from ..models.workload import Workload
@@ -67,7 +68,8 @@ def run_and_time(kernel: Kernel, lib, device, repeat: int, limit: float | None =
     needed = (repeat + 1) * max(first, 0.02)  # time_kernel: repeat + 1 rounds of >= 20 ms
     if limit is not None and needed > limit:
         # A first call can pay one-time costs: some plans of gemm 197x3072x768 took 4 s on their
-        # first call and 6 ms on every later one. Judge by the second.
+        # first call and 6 ms on every later one (LLVM's code generation, before generate_code
+        # ran ahead of the timings). Judge by the second.
         first = min(first, once())
         needed = (repeat + 1) * max(first, 0.02)
     if limit is not None and needed > limit:
@@ -99,21 +101,18 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
     options = BuildOptions(options.double_buffer, options.arch, target)
     trials: list[Trial | None] = [None] * len(plans)
     built: dict[int, Built] = {}
-    share = 0.5 if remote is not None else 0.0  # of the progress, for building when building comes first
+    share = 0.5 if remote is not None else 0.3  # of the progress, for building
     for i, plan in enumerate(plans):
-        if remote is None:
-            report(0.95 * i / len(plans), f"building plan {i + 1} of {len(plans)}")
-        else:
-            report(share * i / len(plans), f"building plan {i + 1} of {len(plans)}")
+        report(share * i / len(plans), f"building plan {i + 1} of {len(plans)}")
         try:
             built[i] = backend.build(w, result.hardware, plan, options)
         except CachetileError as exc:
             trials[i] = Trial(error=str(exc), kind=exc.kind)
-            continue
-        if remote is None:
-            report(0.95 * (i + 0.5) / len(plans), f"timing plan {i + 1} of {len(plans)}")
-            trials[i] = _local(Kernel(f"plan-{i}", None, w, inputs, expected), built[i], numpy_s, repeat, timeout)
     if remote is None:
+        _generate_code(built, trials, lambda: report(share, "generating machine code"))
+        for n, i in enumerate(sorted(built)):
+            report(share + (0.95 - share) * n / len(built), f"timing plan {i + 1} of {len(plans)}")
+            trials[i] = _local(Kernel(f"plan-{i}", None, w, inputs, expected), built[i], numpy_s, repeat, timeout)
         report(0.95, "timing the candidates again")
         _retime(w, trials, built, inputs, numpy_s, repeat)
     else:
@@ -122,6 +121,20 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
                                     f"measured {done} of {len(built)} on the fleet"))
     report(1.0, "done")
     return trials
+
+
+def _generate_code(built: dict[int, Built], trials: list[Trial | None], report) -> None:
+    """Machine code for every built kernel at once, before any is timed (so the compiler's
+    threads never share the cores with a timing); a kernel LLVM rejects is dropped."""
+    from .base import error_summary
+    from .llvm_build import generate_code
+
+    report()
+    order = sorted(built)
+    for i, error in zip(order, generate_code([built[i] for i in order])):
+        if error is not None:
+            trials[i] = Trial(error=f"build failed: {error_summary(error)}", kind=BuildFailed.kind)
+            del built[i]
 
 
 def _retime(w: Workload, trials: list[Trial], built: dict[int, Built], inputs, numpy_s: float, repeat: int) -> None:

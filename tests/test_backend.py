@@ -320,3 +320,22 @@ def test_planned_conv_kernels_match_a_sliding_window_reference(sizes, params):
     want = _conv_reference(x.astype(np.float64), weights.astype(np.float64), params.get("stride", 1), params.get("pad", 0),
                            params.get("dilation", 1), params.get("layout", "nchw"), params.get("groups", 1))
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
+
+
+def test_machine_code_for_several_kernels_at_once_runs_right_and_counts_its_time():
+    from cachetile.backends.llvm_build import generate_code
+
+    w = builtin("gemm", {"m": 97, "n": 64, "k": 33})
+    result = tune(w, HOST, top=4)
+    builts = [build(w, HOST, p) for p in [result.plan, *result.alternatives][:3]]
+    before = [b.seconds for b in builts]
+    assert generate_code(builts, workers=2) == [None] * len(builts)
+    arrays = random_inputs(w)
+    for b, seconds in zip(builts, before):
+        assert b.seconds > seconds
+        np.testing.assert_allclose(run_kernel(w, b.lib, arrays)["C"], numpy_reference(w)(arrays)["C"],
+                                   rtol=1e-3, atol=1e-3)
+    broken = build(w, HOST, result.plan)
+    broken.lib = type("NoCode", (), {"mod": {}})()  # a module without "main": its lookup fails
+    [error] = generate_code([broken])
+    assert isinstance(error, KeyError)
