@@ -78,7 +78,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
                          nests, padded, lanes, copy_cores, parallel_at, pipelined)
-        _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes)
+        _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
     return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores), padded)
@@ -185,12 +185,13 @@ def _vectorize(sch, loop, lanes: int | None) -> None:
         sch.vectorize(loop)
 
 
-def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes) -> None:
+def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int) -> None:
     """The output's register tile, at its level-0 key-slice; or, when the tile must resume from
     its running sum (TensorIR has no read-modify-write cache of a reduction), the output's
     block in a contiguous buffer that the tile accumulates into, zeroed at `start` and written
     back once, instead of the row-major array, whose strided rows conflict in the caches
-    (models/caches.output_plan; a chain's intermediate is such a buffer already)."""
+    (models/caches.output_plan; a chain's intermediate is such a buffer already). `cores`: the
+    cores a crop pass of its own shares (1 when the kernel runs serially)."""
     plan = output_plan(workload, orders, op, tiles, padded)
     if plan is not None:
         holder, start = plan.holder, plan.start
@@ -200,6 +201,13 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes) -
             if _crops(workload, op, padded):
                 sch.reverse_compute_inline(sch.get_sblock(op.output))
             _vectorize(sch, sch.get_loops(back)[-1], lanes)
+        elif _crops(workload, op, padded):
+            # Accumulated in place in the padded output: the crop is a pass of its own, as wide
+            # as a root copy (serial and scalar, it cost gemm 1024^3 with 6-row tiles about 5%).
+            crop = sch.get_loops(sch.get_sblock(op.output))
+            if cores > 1:
+                sch.parallel(crop[0])
+            _vectorize(sch, crop[-1], lanes)
         moves = sch.decompose_reduction(block, nests.get(op, start))
     else:
         key, _ = output_tile(workload, orders, op, tiles, padded)

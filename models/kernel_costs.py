@@ -46,7 +46,7 @@ class KernelCosts:
     # (tensor, level it is packed at, bytes copied, bytes of its buffer)
     copies: list[tuple[str, int, float, float]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
-    # once, bytes written back from its buffer)
+    # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
 
 
@@ -95,6 +95,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         source = workload.size(site.tensor) * elem
         seconds = stream(nbytes, source, cores / shared) + stream(nbytes, block * elem, cores / shared)
         costs.copy_seconds += seconds * cores / shared
+    root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
         if not plan or workload.tensors[op.output].role != "output":
@@ -102,15 +103,21 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         out = workload.tensors[op.output].dims
         size = _prod(padded[x] for x in out) * elem
         if plan.holder is None:  # zeroed in place, a pass over the whole output
-            costs.outputs.append((op.output, size, size, 0.0))
+            real = _prod(workload.dims[x] for x in out) * elem
+            cropped = real if real < size else 0.0  # padded: then copied out by a pass of its own
+            costs.outputs.append((op.output, size, size, cropped))
             costs.copy_seconds += stream(size, size)
+            if cropped:  # reads the padded output, writes the array; over the cores like a root copy
+                shared = cores if parallel else 1
+                costs.copy_seconds += stream(2 * cropped, size, cores / shared) * cores / shared
+                root_passes += 1
         else:  # zeroed block by block in its buffer, then each block written back to the array
             positions = walk(workload, orders, op)
             under = positions[positions.index(plan.holder) + 1:]
             block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += stream(size, block) + stream(2 * size, size)
-    costs.regions = _regions(workload, orders, eff, padded, parallel, sum(site.key is None for site in copies))
+    costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
 
@@ -141,11 +148,11 @@ def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[s
     return picked
 
 
-def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_copies: int) -> float:
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_passes: int) -> float:
     """Parallel loops entered per call: per op, the iterations of the loops around its parallel
     loop, and again around its zeroing when that is split off above the parallel loop (the
-    zeroing nest repeats it); plus one per copy made at the root, which is parallel itself."""
-    total = float(root_copies) if parallel else 0.0
+    zeroing nest repeats it); plus one per copy or crop made at the root, which is parallel itself."""
+    total = float(root_passes) if parallel else 0.0
     for op in workload.ops:
         position, own = parallel.get(op.name, (None, False))
         if not own:
