@@ -404,7 +404,7 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
         points = 1.0
         for x in op.loops:
             points = points * padded[x]
-        seconds = 2.0 * points / peak / target.issue_efficiency(workload, op, tiles)
+        seconds = 2.0 * points / peak / target.issue_efficiency(workload, op, tiles, orders)
         if parallel is not None:
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)

@@ -14,7 +14,7 @@ from .checked import check_hardware, check_plan, check_workload
 from .costmodel import Orders, Tiles, compute_seconds, data_volume, level_usage
 from .gpu import LaunchPlan
 from .hardware import Hardware
-from .objective import time_objective
+from .objective import time_objective, whole_problem
 from .workload import Workload
 
 Status = Literal["optimal", "feasible", "timeout", "infeasible", "error"]
@@ -70,7 +70,9 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     nests = tiles_nest(workload, tiles)  # tiles that do not nest are costed, but no backend emits them
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
     serial = costs.seconds if costs else 0.0
-    predicted, worst = objective.value(compute, objective.links(dv), serial)
+    mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
+    links = objective.links(dv, mu, whole_problem(workload, hardware, orders[-1]))
+    predicted, worst = objective.value(compute, links, serial)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
@@ -78,7 +80,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
             order=list(orders[i]),
             tile={x: int(tiles[i][x]) for x in workload.dims},
             dv_bytes=dv[i],
-            mu_bytes=float(level_usage(workload, hardware, i, tiles[i], stages)),
+            mu_bytes=mu[i],
             copy_bytes=costs.copy_bytes[i] if costs else 0.0,
             capacity_bytes=lv.capacity_bytes,
         )

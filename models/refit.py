@@ -36,7 +36,7 @@ from .caches import tiles_nest
 from .costmodel import compute_seconds, data_volume
 from .errors import InvalidInput
 from .hardware import Hardware, apply_profile
-from .objective import time_objective
+from .objective import effective_dv, time_objective, whole_problem
 from .plan import Plan, make_plan
 from .profile import Profile, Refit
 from .workload import Workload
@@ -81,13 +81,16 @@ class Fit(Refit):
 
 def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     """The plan's terms on the base hardware, in the order the multipliers come: compute
-    seconds, per-level DV, per-level bytes its serial copies stream, parallel regions entered,
+    seconds, per-level DV (effective), per-level bytes its serial copies stream, parallel regions entered,
     calls (1 when the target charges serial costs, else 0)."""
     orders = [lp.order for lp in record.plan.levels]
     tiles = [lp.tile for lp in record.plan.levels]
     stages = record.plan.launch.stages if record.plan.launch else 1
     compute = float(compute_seconds(record.workload, hardware, orders, tiles, stages))
     dv = [float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)]
+    # the bytes the time objective charges each link (effective_dv): no bandwidth changes them
+    dv = effective_dv(dv, [lp.mu_bytes for lp in record.plan.levels], time_objective(hardware).caches,
+                      whole_problem(record.workload, hardware, orders[-1]))
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)

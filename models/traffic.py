@@ -1,7 +1,8 @@
 """The traffic a CPU kernel is expected to cause at each level: Accera's DV plus what the
 kernel adds (models/kernel_costs.py), for comparison with a cache simulator.
 
-dv_bytes counts the refills of the blocks the FMA loops read. The kernel also
+dv_bytes counts the refills of the blocks the FMA loops read; a cache holding
+an outer tile whole moves only that tile's DV (objective.effective_dv). The kernel also
 copies each packed input: the copy at level L reads the source through every
 level inside L (misses there) and writes its buffer, whose lines are fetched
 for ownership at every level up to L (write-allocate). Where the buffer fits a
@@ -13,15 +14,19 @@ back into the array, whose lines are fetched for ownership at every level.
 """
 from __future__ import annotations
 
-from .costmodel import data_volume
+from .costmodel import data_volume, level_usage
 from .hardware import Hardware
 from .kernel_costs import kernel_costs
+from .objective import effective_dv, time_objective, whole_problem
 from .workload import Workload
 
 
 def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> list[float]:
     """Bytes moved into each level (innermost first) by one call of the kernel."""
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
+    mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
+    dv = [float(d) for d in effective_dv(dv, mu, time_objective(hardware).caches,
+                                         whole_problem(workload, hardware, orders[-1]))]
     costs = kernel_costs(workload, hardware, orders, tiles)
     target = hardware.target
     for tensor, level, nbytes, buffer in costs.copies:

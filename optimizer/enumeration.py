@@ -94,16 +94,32 @@ class _Search:
             self.floor_tables[level] = table
         return self.floor_tables[level]
 
-    def _inner_floor(self, level: int, rows: np.ndarray, first: int = 0) -> np.ndarray:
-        """For each candidate tile of `level`, the least time any level in [first, level) inside it can take."""
+    def _inner_floor(self, level: int, rows: np.ndarray, first: int = 0, held=None) -> np.ndarray:
+        """For each candidate tile of `level`, the least time any level in [first, level) inside it can take.
+        `held(j)`: per candidate, the least bytes a hardware cache at level j may move instead
+        (effective_dv: an outer tile that fits it), or None."""
         sp = self.space
         index = tuple(np.searchsorted(sp.candidates[x], rows[:, i]) for i, x in enumerate(sp.loops))
         worst = np.zeros(len(rows))
         for j in range(first, level):
             table = self._floor_table(j)
             if table is not None:
-                worst = np.maximum(worst, table[index])
+                floor = table[index]
+                cap = held(j) if held is not None else None
+                if cap is not None:
+                    floor = np.minimum(floor, cap / sp.objective.divisors[j])
+                worst = np.maximum(worst, floor)
         return worst
+
+    def _held(self, level: int, outer: tuple) -> float:
+        """The least DV of the outer levels (and the whole problem) whose tile fits the hardware
+        cache at `level`: what it moves at most whatever its own tile (np.inf: no cache, or none fits)."""
+        sp = self.space
+        fit = sp.objective.caches[level] if level < len(sp.objective.caches) else None
+        if fit is None:
+            return np.inf
+        fitting = [dv for dv, mu in (*outer, sp.whole) if mu <= fit]
+        return min(fitting, default=np.inf)
 
     greedy = False  # in the first dive of a many-loop search: sampled rows, first child only
 
@@ -122,7 +138,8 @@ class _Search:
                 self.greedy = False
         self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
 
-    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum):
+    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum, outer=()):
+        """`outer`: (DV, MU) of the levels outside `level` along this branch (effective_dv)."""
         sp = self.space
         rows = self.rows[level]
         legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
@@ -140,7 +157,7 @@ class _Search:
             rows = rows[np.linspace(0, len(rows) - 1, sample).astype(int)]
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
-        secs = np.empty((len(orders), len(rows)))
+        raw = np.empty((len(orders), len(rows)))  # DV in bytes
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
             classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
@@ -149,8 +166,9 @@ class _Search:
                     raise _Timeout
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
-                secs[o, lo : lo + CHUNK] = dv / divisor
+                raw[o, lo : lo + CHUNK] = dv
                 self.deadline.spend(sp.work(len(dv)))
+        secs = np.minimum(raw, self._held(level, outer)) / divisor
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
@@ -158,11 +176,18 @@ class _Search:
         # bounds the time it is also the last.)
         guided = level > 0 and np.isfinite(self.best.worst_primary())
         shares = sp.objective.shares_issue
-        inner = self._inner_floor(level, rows, first=1 if shares else 0)[None, :] if guided else 0.0
+        held = None
+        if guided and sp.objective.caches:
+            # An inner hardware cache moves at most what a fitting outer tile does: this child's
+            # (its least DV over the orders) or one along the branch.
+            mine, least = sp.usage(level, tile), raw.min(axis=0)
+            held = lambda j: np.where(mine <= (sp.objective.caches[j] or -1), np.minimum(least, self._held(j, outer)),  # noqa: E731
+                                      self._held(j, outer))
+        inner = self._inner_floor(level, rows, 1 if shares else 0, held)[None, :] if guided else 0.0
         # Register loads issue with the FMAs: their least time under each child adds to compute.
         registers = sp.register_floor
         if guided and shares:
-            registers = np.maximum(registers, self._inner_floor(1, rows)[None, :])
+            registers = np.maximum(registers, self._inner_floor(1, rows, 0, held)[None, :])
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
@@ -171,10 +196,11 @@ class _Search:
             floor = sp.target.compute_floor(sp.workload, level, tile, sp.stages)
             # An infinite floor (no launch fits) prunes the child even when compute costs nothing.
             compute = np.where(np.isinf(floor), np.inf, compute * np.where(np.isinf(floor), 1.0, floor))
-        else:  # the register tile's own order does not change the arithmetic
-            compute = np.broadcast_to(sp.objective.compute(compute_seconds(
-                sp.workload, sp.hardware, (orders[0], *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))[None, :]
-            self.deadline.spend(sp.work(len(rows)))
+        else:  # the loops right around the register tile decide how many FMA chains overlap
+            compute = np.stack([np.broadcast_to(sp.objective.compute(compute_seconds(
+                sp.workload, sp.hardware, (order, *outer_orders), [tile, *outer_tiles], sp.stages)), (len(rows),))
+                for order in orders])
+            self.deadline.spend(sp.work(len(rows) * len(orders)))
         if level == 0 and shares:
             bound = np.maximum(compute + secs, pmax)
         else:
@@ -213,9 +239,10 @@ class _Search:
                 return  # children are sorted by bound, and nothing beats the lower bound
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
+            here = (float(raw[o, r]), float(sp.usage(level, child)))
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
-                float(cmax.flat[flat]), float(csum.flat[flat]),
+                float(cmax.flat[flat]), float(csum.flat[flat]), (here, *outer),
             )
 
 

@@ -103,7 +103,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
     """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays)."""
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
-    secs = space.objective.links(dv)
+    secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole)
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)

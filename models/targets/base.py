@@ -60,8 +60,9 @@ class Target:
         """The arithmetic peak the workload's kernel can reach on this machine (FLOP/s)."""
         return self.hardware.peak_flops
 
-    def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping]) -> np.ndarray | float:
-        """The fraction of peak one op's inner loop can issue at (1: peak)."""
+    def issue_efficiency(self, workload: Workload, op: Op, tiles: Sequence[Mapping], orders=None) -> np.ndarray | float:
+        """The fraction of peak one op's inner loop can issue at (1: peak); `orders` (None: not
+        fixed yet, the least the tiles allow) say which loops run around the register tile."""
         return 1.0
 
     def launch_stretch(self, workload: Workload, tiles: Sequence[Mapping], stages: int) -> np.ndarray | float:
@@ -72,6 +73,12 @@ class Target:
     def usable_bytes(self, level) -> int:
         """How much of a level (a models.hardware.Level) a plan may fill."""
         return level.capacity_bytes
+
+    def cache_bytes(self, index: int) -> int | None:
+        """What the hardware cache at level `index` holds of a kernel's data (usable bytes), or
+        None where the kernel itself places the data (registers, GPU shared memory) or the
+        model stays Accera's (abstract hierarchies): there a level moves exactly its DV."""
+        return None
 
     def capacity_for(self, level, need: float) -> int:
         """The smallest capacity of `level` whose usable share holds `need` bytes."""

@@ -26,6 +26,12 @@ from .base import Target
 # Independent accumulator vectors a core needs to hide FMA latency: about 4 cycles
 # on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle.
 FMA_CHAINS = 8
+# FMAs of later register tiles the out-of-order window holds (reorder buffers of 224-512 micro-ops
+# on x86 cores since Skylake and Zen 2, about 3 micro-ops per FMA step of a small tile). When a
+# spatial loop runs right around the tile, consecutive tiles have other accumulators, and the
+# core overlaps their dependency chains: gemm 1024^3 plans with 1x16 register tiles (one chain)
+# whose k loop ran inside 2 trips ran in 6.5 ms, not the 36 ms that one chain per tile implies.
+OOO_FMAS = 128
 
 
 # Besides the block a level keeps for reuse, the kernel streams lines of the other arrays through
@@ -48,6 +54,11 @@ class SimdCpu(Target):
 
     def usable_bytes(self, level) -> int:
         return int(level.capacity_bytes * _usable_share(level))
+
+    def cache_bytes(self, index: int) -> int | None:
+        """L1, L2 and L3 are hardware caches (the registers are the kernel's): models/objective.py's
+        effective_dv lets them keep more than the plan's own tile."""
+        return None if index == 0 else self.usable_bytes(self.hardware.levels[index])
 
     def capacity_for(self, level, need: float) -> int:
         capacity = int(math.ceil(need / _usable_share(level)))
@@ -104,14 +115,18 @@ class SimdCpu(Target):
             worst = np.maximum(worst, total)
         return np.asarray(worst) * workload.elem_bytes
 
-    def issue_efficiency(self, workload, op, tiles):
+    def issue_efficiency(self, workload, op, tiles, orders=None):
         """The op's register tile keeps prod(tile) / lanes accumulator vectors in flight; below
-        FMA_CHAINS the FMA latency, not the pipes, sets the pace."""
+        FMA_CHAINS the FMA latency, not the pipes, sets the pace. With `orders`, each chain runs
+        `reduction_chain` FMAs before a spatial loop moves to independent accumulators, and the
+        out-of-order window (OOO_FMAS) overlaps that many FMAs of the next tiles' chains."""
         lanes = self.vector_lanes(workload)
         dims = workload.tensors[op.output].dims
         vectors = np.ceil(np.asarray(tiles[0][dims[-1]], dtype=np.float64) / lanes)
         for x in dims[:-1]:
             vectors = vectors * np.asarray(tiles[0][x], dtype=np.float64)
+        if orders is not None:
+            vectors = vectors + OOO_FMAS / reduction_chain(workload, op, orders, tiles)
         return np.minimum(1.0, vectors / FMA_CHAINS)
 
     def lanes(self, workload):
@@ -129,3 +144,25 @@ class SimdCpu(Target):
             vectors = tiles // lanes
             return ((tiles % lanes == 0) & (vectors & (vectors - 1) == 0)) | ((tiles == extent) & (tiles < lanes))
         return (tiles % lanes == 0) | (tiles == extent)
+
+
+def reduction_chain(workload, op, orders, tiles) -> np.ndarray:
+    """FMAs each accumulator takes in a row before the kernel moves to other accumulators: the
+    register tile's reduction extent times the trips of the reduction loops around it, from the
+    innermost out, up to the first spatial loop that runs more than once."""
+    from ..caches import trips, walk
+    from ..costmodel import padded_extents
+
+    padded = padded_extents(workload, tiles)
+    reductions = [x for x in op.loops if x not in workload.tensors[op.output].dims]
+    chain = np.ones(())
+    for x in reductions:
+        chain = chain * np.asarray(tiles[0][x], dtype=np.float64)
+    open_ = np.ones((), dtype=bool)  # no spatial loop with several trips met yet
+    for x, j in reversed(walk(workload, [list(o) for o in orders], op)):
+        n = np.asarray(trips(tiles, padded, x, j), dtype=np.float64)
+        if x in reductions:
+            chain = np.where(open_, chain * n, chain)
+        else:
+            open_ = open_ & (n <= 1)
+    return chain
