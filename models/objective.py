@@ -73,14 +73,13 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     return out
 
 
-def whole_problem(workload, hardware: Hardware, order) -> tuple[float, float]:
-    """(DV, MU) of one tile holding the whole problem: each tensor moved once, all of it held."""
-    from .costmodel import data_volume, level_usage
+def whole_problem(workload, hardware: Hardware) -> tuple[float, float]:
+    """(DV, MU) of one tile holding the whole problem: each tensor moved once, a chain's
+    intermediates too (the kernel writes and reads their buffers), all of it held."""
+    from .costmodel import level_usage
 
-    full = dict(workload.dims)
-    top = len(hardware.levels) - 1
-    return float(data_volume(workload, [list(order)], [full], hardware=hardware, offset=top)[0]), \
-        float(level_usage(workload, hardware, top, full))
+    moved = sum(workload.size(name) for name in workload.tensors) * workload.elem_bytes
+    return float(moved), float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
 
 
 def time_objective(hardware: Hardware) -> Objective:

@@ -71,7 +71,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
     serial = costs.seconds if costs else 0.0
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
-    links = objective.links(dv, mu, whole_problem(workload, hardware, orders[-1]))
+    links = objective.links(dv, mu, whole_problem(workload, hardware))
     predicted, worst = objective.value(compute, links, serial)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [

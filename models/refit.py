@@ -90,7 +90,7 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     dv = [float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)]
     # the bytes the time objective charges each link (effective_dv): no bandwidth changes them
     dv = effective_dv(dv, [lp.mu_bytes for lp in record.plan.levels], time_objective(hardware).caches,
-                      whole_problem(record.workload, hardware, orders[-1]))
+                      whole_problem(record.workload, hardware))
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)

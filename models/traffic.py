@@ -26,7 +26,7 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
     dv = [float(d) for d in effective_dv(dv, mu, time_objective(hardware).caches,
-                                         whole_problem(workload, hardware, orders[-1]))]
+                                         whole_problem(workload, hardware))]
     costs = kernel_costs(workload, hardware, orders, tiles)
     target = hardware.target
     for tensor, level, nbytes, buffer in costs.copies:

@@ -184,7 +184,7 @@ class Space:
         if not self.exhaustive_orders:
             self.orders = order_classes(w, key=relaxed_signature, leading=self.target.leading_loops(w))
         self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
-        self.whole = whole_problem(w, hw, self.orders[0])
+        self.whole = whole_problem(w, hw)
         # Every level loads each input and output at least once.
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
         self.lanes = self.target.lanes(w)
