@@ -109,7 +109,8 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
         except CachetileError as exc:
             trials[i] = Trial(error=str(exc), kind=exc.kind)
     if remote is None:
-        _generate_code(built, trials, lambda: report(share, "generating machine code"))
+        report(share, "generating machine code")
+        _generate_code(built, trials)
         for n, i in enumerate(sorted(built)):
             report(share + (0.95 - share) * n / len(built), f"timing plan {i + 1} of {len(plans)}")
             trials[i] = _local(Kernel(f"plan-{i}", None, w, inputs, expected), built[i], numpy_s, repeat, timeout)
@@ -123,13 +124,12 @@ def measure_plans(backend: Backend, result: TuneResult, plans: list[Plan], repea
     return trials
 
 
-def _generate_code(built: dict[int, Built], trials: list[Trial | None], report) -> None:
+def _generate_code(built: dict[int, Built], trials: list[Trial | None]) -> None:
     """Machine code for every built kernel at once, before any is timed (so the compiler's
     threads never share the cores with a timing); a kernel LLVM rejects is dropped."""
     from .base import error_summary
     from .llvm_build import generate_code
 
-    report()
     order = sorted(built)
     for i, error in zip(order, generate_code([built[i] for i in order])):
         if error is not None:

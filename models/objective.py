@@ -58,18 +58,24 @@ class Objective:
         return (best + serial if self.counts_serial else best), index
 
 
+def fitting_dv(fit: int, tiles) -> np.ndarray:
+    """The least DV among `tiles`, (DV, MU) pairs (scalars or arrays), whose MU fits a hardware
+    cache of `fit` bytes: at most what that cache moves (inf where none fits)."""
+    least = np.inf
+    for dv, mu in tiles:
+        least = np.where(np.asarray(mu) <= fit, np.minimum(least, dv), least)
+    return least
+
+
 def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: tuple[float, float] | None) -> list:
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
-    `caches[l]` bytes, the least DV of the levels outside it (and of the whole problem,
-    `whole` = (DV, MU)) whose MU fits. Scalars or arrays, innermost level first."""
+    `caches[l]` bytes, no more than the DV of a level outside it (or of the whole problem,
+    `whole` = (DV, MU)) whose MU fits (fitting_dv). Scalars or arrays, innermost level first."""
     out = list(dv)
     for i, fit in enumerate(caches):
-        if fit is None or i >= len(out):
-            continue
-        for j in range(i + 1, len(dv)):
-            out[i] = np.where(np.asarray(mu[j]) <= fit, np.minimum(out[i], dv[j]), out[i])
-        if whole is not None and whole[1] <= fit:
-            out[i] = np.minimum(out[i], whole[0])
+        if fit is not None:
+            outside = [*zip(dv[i + 1:], mu[i + 1:]), *([whole] if whole is not None else [])]
+            out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
     return out
 
 

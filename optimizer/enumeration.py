@@ -16,6 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, single_level_bound
+from ..models.objective import fitting_dv
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -97,7 +98,7 @@ class _Search:
     def _inner_floor(self, level: int, rows: np.ndarray, first: int = 0, held=None) -> np.ndarray:
         """For each candidate tile of `level`, the least time any level in [first, level) inside it can take.
         `held(j)`: per candidate, the least bytes a hardware cache at level j may move instead
-        (effective_dv: an outer tile that fits it), or None."""
+        (effective_dv: an outer tile that fits it)."""
         sp = self.space
         index = tuple(np.searchsorted(sp.candidates[x], rows[:, i]) for i, x in enumerate(sp.loops))
         worst = np.zeros(len(rows))
@@ -105,21 +106,18 @@ class _Search:
             table = self._floor_table(j)
             if table is not None:
                 floor = table[index]
-                cap = held(j) if held is not None else None
-                if cap is not None:
-                    floor = np.minimum(floor, cap / sp.objective.divisors[j])
+                if held is not None:
+                    floor = np.minimum(floor, held(j) / sp.objective.divisors[j])
                 worst = np.maximum(worst, floor)
         return worst
 
-    def _held(self, level: int, outer: tuple) -> float:
-        """The least DV of the outer levels (and the whole problem) whose tile fits the hardware
-        cache at `level`: what it moves at most whatever its own tile (np.inf: no cache, or none fits)."""
-        sp = self.space
-        fit = sp.objective.caches[level] if level < len(sp.objective.caches) else None
-        if fit is None:
-            return np.inf
-        fitting = [dv for dv, mu in (*outer, sp.whole) if mu <= fit]
-        return min(fitting, default=np.inf)
+    def _held(self, level: int, tiles: tuple):
+        """What the hardware cache at `level` moves at most whatever its own tile: the least DV
+        of `tiles` ((DV, MU) of outer tiles) and of the whole problem that fit it (fitting_dv);
+        np.inf where the level is no cache."""
+        caches = self.space.objective.caches
+        fit = caches[level] if caches else None
+        return np.inf if fit is None else fitting_dv(fit, (*tiles, self.space.whole))
 
     greedy = False  # in the first dive of a many-loop search: sampled rows, first child only
 
@@ -180,9 +178,8 @@ class _Search:
         if guided and sp.objective.caches:
             # An inner hardware cache moves at most what a fitting outer tile does: this child's
             # (its least DV over the orders) or one along the branch.
-            mine, least = sp.usage(level, tile), raw.min(axis=0)
-            held = lambda j: np.where(mine <= (sp.objective.caches[j] or -1), np.minimum(least, self._held(j, outer)),  # noqa: E731
-                                      self._held(j, outer))
+            child = ((raw.min(axis=0), sp.usage(level, tile)), *outer)
+            held = lambda j: self._held(j, child)  # noqa: E731
         inner = self._inner_floor(level, rows, 1 if shares else 0, held)[None, :] if guided else 0.0
         # Register loads issue with the FMAs: their least time under each child adds to compute.
         registers = sp.register_floor

@@ -159,7 +159,7 @@ def reduction_chain(workload, op, orders, tiles) -> np.ndarray:
     for x in reductions:
         chain = chain * np.asarray(tiles[0][x], dtype=np.float64)
     open_ = np.ones((), dtype=bool)  # no spatial loop with several trips met yet
-    for x, j in reversed(walk(workload, [list(o) for o in orders], op)):
+    for x, j in reversed(walk(workload, orders, op)):
         n = np.asarray(trips(tiles, padded, x, j), dtype=np.float64)
         if x in reductions:
             chain = np.where(open_, chain * n, chain)
