@@ -220,7 +220,36 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             # Crop at write-back, as BLAS does: the tile's store writes only the output's real
             # elements, instead of a padded output copied out by a pass of its own.
             sch.reverse_compute_inline(sch.get_sblock(op.output))
+        _zero_tile(sch, block, workload, op, nests, key, lanes)
     _vectorize(sch, sch.get_loops(moves)[-1], lanes)  # zeroing or storing the tile: vector moves
+
+
+def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
+    """Zero the register tile before its reduction loops, not at the first step inside them: an
+    init left in the block is a branch in every step, and LLVM then keeps most accumulators in
+    memory (gemm 197x2304x768 with 11x32 tiles: 18 of 22 stored and reloaded at every k step,
+    3.2 ms against 1.7 ms). TensorIR decomposes only above every reduction loop, so reduction
+    loops of one trip above the tile's key-slice move below it first (a no-op on the loop nest)."""
+    loops = sch.get_loops(block)
+    srefs = [sch.get(lp) for lp in loops]
+    below = 0
+    if key is not None:
+        anchor = sch.get(nests.get(op, key))
+        below = next(i for i, lp in enumerate(srefs) if lp.same_as(anchor)) + 1
+    out = workload.tensors[op.output].dims
+    reductions = {sch.get(lp) for (name, (x, _)), lp in nests.loops.items() if name == op.name and x not in out}
+    above = [i for i in range(below) if any(srefs[i].same_as(r) for r in reductions)]
+    if any(srefs[i].extent.value != 1 for i in above):
+        return  # the output_plan contract: a reduction running above the key has a holder instead
+    try:
+        if above:
+            chain = list(range(above[0], below))
+            sch.reorder(*[loops[i] for i in chain if i not in above], *[loops[i] for i in above])
+            below -= len(above)  # now the first moved loop, right under the key
+        zero = sch.decompose_reduction(block, sch.get_loops(block)[below])
+    except s_tir.ScheduleError:
+        return  # a cache attached between the loops: the init stays in the block
+    _vectorize(sch, sch.get_loops(zero)[-1], lanes)
 
 
 def _crops(workload, op, padded) -> bool:
