@@ -71,6 +71,8 @@ def format_hardware(hw: Hardware) -> str:
         lines.append(f"  tensor cores ({hw.gpu.arch or 'arch not given'}): {peaks}")
     for lv in hw.levels:
         lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
+    if hw.accumulator_bytes_per_s:
+        lines.append(f"  accumulators stored and reloaded at {_si(hw.accumulator_bytes_per_s, 'B/s')}")
     if hw.parallel_region_seconds or hw.call_seconds:
         lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}")
     if hw.source:
@@ -88,6 +90,9 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         if fill:
             rows.append((f"fill {lv.name}", _si(lv.bandwidth_bytes_per_s, "B/s"), _si(fill.one_core, "B/s"),
                          _si(fill.all_cores, "B/s")))
+    if profile.accumulator_bandwidth:
+        rows.append(("accumulators", "(fill registers)", _si(profile.accumulator_bandwidth.one_core, "B/s"),
+                     _si(profile.accumulator_bandwidth.all_cores, "B/s")))
     for name, figure in profile.stream_bandwidth.items():
         rows.append((f"stream from {name}", "-", _si(figure.one_core, "B/s"), _si(figure.all_cores, "B/s")))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))

@@ -9,6 +9,12 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   16 FMAs; 16 x 1 vector: 17 per 16). The SIMD model charges compute +
   register loads (models/targets/simd_cpu.py), so the two times give the peak
   and the register bandwidth;
+- the same 4 x 4 tile with a loop over other tiles between its k steps, so
+  its accumulators are stored and reloaded at every step (what a plan does
+  when a spatial loop runs inside the reduction around the register tile):
+  what that time adds to the first gives the accumulators' bandwidth. Stores
+  and store-to-load forwarding do not overlap the FMAs the way input loads do
+  (measured on Zen 5: 100 against 235 GFLOP/s per core);
 - streaming reads (8 accumulator vectors, so latency does not bind) over a
   working set sized to half of each cache level, and 4x the last level for
   memory: the link filling level l is the stream from level l+1;
@@ -36,6 +42,7 @@ Progress = Callable[[float, str], None]
 FLOPS_PER_CALL = 2e8  # about 1 ms of arithmetic per timed call at ~200 GFLOP/s
 BYTES_PER_CALL = 64 * 2**20
 LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads per k step (vectors + broadcasts)
+SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
 
 
@@ -60,12 +67,13 @@ def _tensors(*arrays):
     return [tvm.runtime.tensor(a) for a in arrays]
 
 
-def _per_thread_accumulators(sch, block, t, repeat, unrolled: list, vector, threads: int):
-    """Compile a kernel whose output block stays in registers for each thread `t` (parallel over
-    the cores) while the `repeat` loop reruns the work: unrolled loops, one vectorised loop."""
+def _per_thread_accumulators(sch, block, t, repeat, unrolled: list, vector, threads: int, scope: str = "local"):
+    """Compile a kernel whose output block stays in registers (scope local; global: an L1 buffer)
+    for each thread `t` (parallel over the cores) while the `repeat` loop reruns the work:
+    unrolled loops, one vectorised loop."""
     import tvm
 
-    store = sch.cache_write(block, 0, "local")
+    store = sch.cache_write(block, 0, scope)
     sch.reverse_compute_at(store, t)
     if threads > 1:
         sch.parallel(t)
@@ -76,12 +84,16 @@ def _per_thread_accumulators(sch, block, t, repeat, unrolled: list, vector, thre
     return tvm.compile(sch.mod, target=_target(threads))
 
 
-def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: int) -> tuple[float, float, int]:
-    """Seconds per call of a register-tile kernel, its flops, and its k steps (all threads)."""
+def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: int,
+                         spills: int = 0) -> tuple[float, float, int]:
+    """Seconds per call of a register-tile kernel, its flops, and its register-tile k steps (all
+    threads). With `spills` > 1, that many tiles take turns at every k step, so each stores and
+    reloads its accumulators (in L1) at every step."""
     import tvm
     from tvm import te
 
-    cols = vectors * lanes
+    tiles = max(spills, 1)
+    cols = vectors * lanes * tiles
     reps = max(1, int(FLOPS_PER_CALL / (threads * 2 * rows * cols * k)))
     A = te.placeholder((threads, rows, k), "float32", name="A")
     B = te.placeholder((threads, k, cols), "float32", name="B")
@@ -90,13 +102,13 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
     block = sch.get_sblock("C")
     t, i, j, rr, k_ = sch.get_loops(block)
-    jo, ji = sch.split(j, factors=[vectors, lanes])
-    sch.reorder(t, rr, k_, i, jo, ji)
-    lib = _per_thread_accumulators(sch, block, t, rr, [i, jo], ji, threads)
+    jt, jo, ji = sch.split(j, factors=[tiles, vectors, lanes])
+    sch.reorder(t, rr, k_, jt, i, jo, ji)
+    lib = _per_thread_accumulators(sch, block, t, rr, [i, jo], ji, threads, "global" if spills > 1 else "local")
     rng = np.random.default_rng(0)
     args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, cols), "float32"),
                     np.zeros((threads, rows, cols), "float32"))
-    return _median_seconds(lib, args), threads * reps * 2.0 * rows * cols * k, threads * reps * k
+    return _median_seconds(lib, args), threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
 
 
 def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
@@ -158,6 +170,17 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
     return 1 / inv_peak, 1 / inv_bw
 
 
+def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: float, vector_bytes: int) -> float:
+    """Bytes/s of accumulators stored and reloaded (both ways), from the 4 x 4 tile whose
+    accumulators spill at every k step: its time less what the peak and the register loads
+    explain (seconds, flops, k steps as micro_kernel_seconds returns them)."""
+    seconds, flops, steps = spilled
+    rows, vectors = next(iter(LOADS))
+    rest = seconds - flops / peak - LOADS[(rows, vectors)] * vector_bytes * steps / registers
+    moved = 2.0 * rows * vectors * vector_bytes * steps
+    return moved / rest if rest > moved / 1e18 else 1e18  # finite "free" (JSON has no inf)
+
+
 def calibrate(progress: Progress | None = None) -> Profile:
     """Measure this machine and return its profile (not yet saved)."""
     report = progress or (lambda fraction, message: None)
@@ -169,7 +192,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     l1 = hw.levels[1].capacity_bytes if len(hw.levels) > 1 else 32768
     k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
     counts = sorted({1, cores})
-    steps = len(counts) * (2 + len(hw.levels)) + 1
+    steps = len(counts) * (3 + len(hw.levels)) + 1
     done = 0
 
     def step(message: str) -> None:
@@ -177,13 +200,17 @@ def calibrate(progress: Progress | None = None) -> Profile:
         report(done / steps, message)
         done += 1
 
-    peak, registers, stream = {}, {}, {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
+    peak, registers, accumulators, stream = {}, {}, {}, {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
     for threads in counts:
         runs = []
         for rows, vectors in LOADS:
             step(f"micro-kernel {rows}x{vectors} vectors on {threads} core(s)")
             runs.append(micro_kernel_seconds(threads, rows, vectors, lanes, k))
         peak[threads], registers[threads] = fit_peak_and_registers(*runs, lanes, vector_bytes)
+        step(f"accumulators stored and reloaded on {threads} core(s)")
+        rows, vectors = next(iter(LOADS))
+        spilled = micro_kernel_seconds(threads, rows, vectors, lanes, max(1, k // SPILLS), SPILLS)
+        accumulators[threads] = fit_accumulators(spilled, peak[threads], registers[threads], vector_bytes)
         for name in stream:
             step(f"streaming from {name} on {threads} core(s)")
             if name == "memory":
@@ -207,5 +234,6 @@ def calibrate(progress: Progress | None = None) -> Profile:
     return Profile(
         key=host_key(hw), cpu=_cpu_model(), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(registers),
+        accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
     )

@@ -186,7 +186,7 @@ def op_volume(workload: Workload, op, orders: Orders, level: int, blocks, counts
     return total
 
 
-def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tuple[str, str], int] | None:
+def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tuple[str, str], float] | None:
     """The register model: per (op, input), the cost of an element moved into level 0
     (the hardware's target decides; None: plain DV)."""
     return target_for(hardware).register_weights(workload)

@@ -70,6 +70,10 @@ class Hardware(BaseModel):
         None, description="GPU only: level 0 is then a thread's registers (bytes), level 1 a block's shared memory"
     )
     call_seconds: float = Field(0.0, ge=0, allow_inf_nan=False, description="fixed cost of one kernel call")
+    accumulator_bytes_per_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="SIMD CPU: bytes/s at which the register tile's accumulators are stored and reloaded (both "
+                    "ways), when a loop runs between its reduction steps; none: the registers' fill bandwidth")
     parallel_region_seconds: float = Field(0.0, ge=0, allow_inf_nan=False,
                                            description="cost of entering one parallel loop (CPU thread pool)")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
@@ -275,6 +279,7 @@ def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
     return hardware.model_copy(update={
         "levels": levels, "peak_flops": profile.peak_flops.all_cores * (fit.peak_multiplier if fit else 1.0),
         "call_seconds": profile.call_seconds * (fit.call_multiplier if fit else 1.0),
+        "accumulator_bytes_per_s": profile.accumulator_bandwidth.all_cores if profile.accumulator_bandwidth else None,
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"

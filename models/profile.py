@@ -58,6 +58,9 @@ class Profile(BaseModel):
     peak_flops: Figure = Field(description="FLOP/s the emitted micro-kernel reaches with its data in L1")
     register_bandwidth: Figure = Field(description="bytes/s of register loads, fitted with peak_flops "
                                                    "from two micro-kernels with different loads per FMA")
+    accumulator_bandwidth: Figure | None = Field(
+        None, description="bytes/s of the register tile's accumulators stored and reloaded at every k step "
+                          "(both ways); none in profiles older than this figure: the register bandwidth")
     stream_bandwidth: dict[str, Figure] = Field(
         description="bytes/s of streaming reads over a working set that lives in each level (or memory)")
     fill_bandwidth: dict[str, Figure] = Field(

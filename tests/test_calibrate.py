@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import LOADS, fit_peak_and_registers
+from cachetile.backends.calibrate import LOADS, fit_accumulators, fit_peak_and_registers
 from cachetile.models.hardware import host, host_key
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
 
@@ -18,6 +18,7 @@ def _profile(key: str) -> Profile:
     fill = {lv.name: Figure(one_core=1e11 * (i + 1), all_cores=2e11 * (i + 1)) for i, lv in enumerate(hw.levels)}
     return Profile(key=key, cpu="test cpu", created="2026-11-23T12:00:00+00:00", seconds=4.2, cores=hw.cores,
                    peak_flops=Figure(one_core=2.5e11, all_cores=5e11), register_bandwidth=fill[hw.levels[0].name],
+                   accumulator_bandwidth=Figure(one_core=6e11, all_cores=1.2e12),
                    stream_bandwidth={"L1": Figure(one_core=4e11, all_cores=8e11)}, fill_bandwidth=fill,
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8)
 
@@ -32,6 +33,7 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert hw.calibrated == "2026-11-23T12:00:00+00:00" and hw.peak_flops == 5e11
     assert [lv.bandwidth_bytes_per_s for lv in hw.levels] == [2e11 * (i + 1) for i in range(len(hw.levels))]
     assert (hw.parallel_region_seconds, hw.call_seconds) == (1.5e-6, 2e-8)
+    assert hw.accumulator_bytes_per_s == 1.2e12 and assumed.accumulator_bytes_per_s is None
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -58,6 +60,20 @@ def test_peak_and_register_bandwidth_are_recovered_from_two_micro_kernels():
     assert fit_peak_and_registers(*free, 16, vector_bytes)[0] == pytest.approx(peak, rel=1e-9)
 
 
+def test_accumulator_bandwidth_is_what_the_spilling_kernel_adds():
+    """A 4 x 4 tile that stores and reloads its accumulators at every k step, timed by the model's
+    formula (flops / peak + input loads / register bandwidth + accumulator bytes both ways /
+    accumulator bandwidth), gives the accumulator bandwidth back; no extra time: free (finite)."""
+    peak, registers, accumulators, vector_bytes, steps = 4.8e11, 3e12, 1.2e12, 64, 1000
+    (rows, vectors), loads = next(iter(LOADS.items()))
+    flops = 2.0 * rows * vectors * 16 * steps
+    base = flops / peak + loads * vector_bytes * steps / registers
+    moved = 2.0 * rows * vectors * vector_bytes * steps
+    got = fit_accumulators((base + moved / accumulators, flops, steps), peak, registers, vector_bytes)
+    assert got == pytest.approx(accumulators, rel=1e-9)
+    assert fit_accumulators((base, flops, steps), peak, registers, vector_bytes) == 1e18
+
+
 def test_calibrate_from_the_command_line(tmp_path):
     env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
     tune = [sys.executable, "-m", "cachetile.api.cli"]
@@ -69,7 +85,8 @@ def test_calibrate_from_the_command_line(tmp_path):
     stored = list(tmp_path.glob("*.json"))
     assert [p.stem for p in stored] == [profile.key]
     figures = [profile.peak_flops.one_core, profile.peak_flops.all_cores, profile.parallel_region_seconds,
-               profile.call_seconds] + [f.all_cores for f in profile.fill_bandwidth.values()]
+               profile.call_seconds, profile.accumulator_bandwidth.all_cores] + [
+                   f.all_cores for f in profile.fill_bandwidth.values()]
     assert all(np.isfinite(v) and v > 0 for v in figures)
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core

@@ -71,3 +71,24 @@ def test_tiles_leave_room_in_set_associative_caches():
     assert [hw.target.usable_bytes(lv) for lv in levels] == [2048, 32768, 786432, 1 << 21]
     plan = tune(builtin("gemm", {"m": 256, "n": 256, "k": 256}), hw, time_limit=3, top=0).plan
     assert all(lp.mu_bytes <= hw.target.usable_bytes(lv) for lp, lv in zip(plan.levels, levels))
+
+
+def test_accumulators_stored_and_reloaded_cost_at_their_own_bandwidth():
+    """A register tile reloaded at every k step (a spatial loop inside k around it) moves its
+    accumulators at accumulator_bytes_per_s, both ways: the registers' DV counts the output's
+    elements 2 x (register bandwidth / accumulator bandwidth) times, the inputs as before."""
+    from cachetile.models.costmodel import data_volume
+
+    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12)]
+    plain = Hardware(name="cpu", levels=levels, peak_flops=4e11, vector_bytes=64)
+    slow = plain.model_copy(update={"accumulator_bytes_per_s": 1e12})
+    w = builtin("gemm", {"m": 32, "n": 64, "k": 48})
+    orders, tiles = [["k", "m", "n"], ["m", "n", "k"]], [{"m": 4, "n": 32, "k": 1}, {"m": 32, "n": 64, "k": 48}]
+    assert plain.target.register_weights(w)[("gemm", "C")] == 2.0
+    assert slow.target.register_weights(w)[("gemm", "C")] == 2.0 * 8
+    # k outermost in the walk of register tiles: the tiles of C (32 x 64) are reloaded at each k step.
+    reloads = 48 * 32 * 64 * 4
+    extra = data_volume(w, orders, tiles, hardware=slow)[0] - data_volume(w, orders, tiles, hardware=plain)[0]
+    assert extra == pytest.approx((16 - 2) * reloads)
+    assert make_plan(w, slow, orders, tiles).predicted_seconds > make_plan(w, plain, orders, tiles).predicted_seconds

@@ -38,7 +38,7 @@ class Target:
         self.hardware = hardware
 
     # --- cost model ------------------------------------------------------------------------
-    def register_weights(self, workload: Workload) -> dict[tuple[str, str], int] | None:
+    def register_weights(self, workload: Workload) -> dict[tuple[str, str], float] | None:
         """Per (op, tensor), the cost of an element moved into level 0 (None: plain DV)."""
         return None
 

@@ -83,9 +83,13 @@ class SimdCpu(Target):
         return lanes
 
     def register_weights(self, workload):
-        """Per (op, input): 1 for vector loads, `lanes` for broadcasts; 2 for the output tile,
-        which is stored back whenever it is reloaded."""
+        """Per (op, input): 1 for vector loads, `lanes` for broadcasts. The output tile is stored
+        back whenever it is reloaded: 2, times how much slower than the input loads the hardware
+        moves accumulators (accumulator_bytes_per_s; calibrated: stores and store-to-load
+        forwarding do not overlap the FMAs as input loads do, backends/calibrate.py)."""
         lanes = self.vector_lanes(workload)
+        spill = self.hardware.accumulator_bytes_per_s
+        output = 2.0 * (self.hardware.levels[0].bandwidth_bytes_per_s / spill if spill else 1.0)
         weights = {}
         for op in workload.ops:
             vector = workload.tensors[op.output].dims[-1]
@@ -93,7 +97,7 @@ class SimdCpu(Target):
                 # A vector load needs the vector loop to step the last dim by one element.
                 vectored = (vector, 1) in workload.index(name)[-1].terms
                 weights[(op.name, name)] = 1 if vectored else lanes
-            weights[(op.name, op.output)] = 2
+            weights[(op.name, op.output)] = output
         return weights
 
     def level_usage(self, workload, level, tile, stages=1):
