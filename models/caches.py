@@ -352,6 +352,19 @@ def output_plan(workload: Workload, orders, op: Op, tiles, padded) -> OutputPlan
     return OutputPlan(holder, next(p for p in order[at:] if p[0] not in out), order)
 
 
+def holder_block(workload: Workload, orders, op: Op, tiles, padded, holder: Position) -> list[int]:
+    """The shape of the output's block under `holder` (output_plan's contiguous buffer): per
+    output dim, the tile of the level above the outermost position under the holder that walks
+    it (the register tile when none does)."""
+    positions = walk(workload, orders, op)
+    under = positions[positions.index(holder) + 1:]
+    shape = []
+    for x in workload.tensors[op.output].dims:
+        j = max((level for y, level in under if y == x), default=-1)
+        shape.append(tiles[j + 1][x] if j + 1 < len(tiles) else padded[x])
+    return shape
+
+
 def gpu_cache_records(workload: Workload, level_names: list[str], orders, tiles, stages: int) -> list[CacheRecord]:
     """The caches of a GPU plan (orders and tiles innermost level first).
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .caches import effective_tiles, input_caches, outer_shared, output_plan, trips, walk
+from .caches import effective_tiles, holder_block, input_caches, outer_shared, output_plan, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .workload import Workload
@@ -112,21 +112,12 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
                 costs.copy_seconds += stream(2 * cropped, size, cores / shared) * cores / shared
                 root_passes += 1
         else:  # zeroed block by block in its buffer, then each block written back to the array
-            positions = walk(workload, orders, op)
-            under = positions[positions.index(plan.holder) + 1:]
-            block = _prod(_extent_under(x, under, eff, padded) for x in out) * elem
+            block = _prod(holder_block(workload, orders, op, eff, padded, plan.holder)) * elem
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += stream(size, block) + stream(2 * size, size)
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
-
-
-def _extent_under(x: str, under: list, tiles, padded) -> int:
-    """How much of loop x the positions `under` (a walk's tail) iterate: the tile of the level
-    above the outermost of them walking x (the register tile when none does)."""
-    j = max((level for y, level in under if y == x), default=-1)
-    return tiles[j + 1][x] if j + 1 < len(tiles) else padded[x]
 
 
 def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
