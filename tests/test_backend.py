@@ -156,6 +156,14 @@ def test_plan_caches_name_the_key_slice():
     assert caches[("C", "registers")].layout.startswith("contiguous buffer of its block under n.L2")
 
 
+def _compacted(built) -> str:
+    """The kernel's TensorIR with its buffers compacted to the regions they hold (their real shapes)."""
+    t = tvm.s_tir.transform
+    passes = [t.LowerInitBlock(), t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(),
+              t.CompactBufferAllocation()]
+    return tvm.ir.transform.Sequential(passes)(built.emitted.schedule.mod).script()
+
+
 def test_an_output_resumed_across_k_accumulates_in_a_block_buffer():
     """When a k loop with several trips runs above the register tile, the tile is reloaded and
     stored at each trip: it accumulates in a contiguous buffer of the output's block (the block
@@ -165,10 +173,7 @@ def test_an_output_resumed_across_k_accumulates_in_a_block_buffer():
              {"m": 96, "n": 80, "k": 64}][: len(HOST.levels)]
     plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
     built = build(w, HOST, plan)
-    t = tvm.s_tir.transform
-    passes = [t.LowerInitBlock(), t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(),
-              t.CompactBufferAllocation()]
-    lowered = tvm.ir.transform.Sequential(passes)(built.emitted.schedule.mod).script()
+    lowered = _compacted(built)
     # L2 and L3 run once; the innermost output loop with several trips above k.L1 (8 trips) is
     # m.L1, so the buffer is C's L1 block, 32 x 80.
     assert re.search(r"C_global = T\.(sblock_)?alloc_buffer\(\(32, 80\)", lowered), lowered[:3000]
@@ -185,10 +190,7 @@ def test_accumulation_rows_a_multiple_of_512_bytes_are_skewed_by_a_line():
              {"m": 96, "n": 256, "k": 64}][: len(HOST.levels)]
     plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
     built = build(w, HOST, plan)
-    t = tvm.s_tir.transform
-    passes = [t.LowerInitBlock(), t.PlanAndUpdateBufferAllocationLocation(), t.ConvertBlocksToOpaque(),
-              t.CompactBufferAllocation()]
-    lowered = tvm.ir.transform.Sequential(passes)(built.emitted.schedule.mod).script()
+    lowered = _compacted(built)
     assert re.search(r"C_global = T\.(sblock_)?alloc_buffer\(\(32, 256\), strides=\(272, 1\)\)", lowered), lowered[:3000]
     check(w, built.lib)
 
