@@ -279,7 +279,8 @@ def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
     return hardware.model_copy(update={
         "levels": levels, "peak_flops": profile.peak_flops.all_cores * (fit.peak_multiplier if fit else 1.0),
         "call_seconds": profile.call_seconds * (fit.call_multiplier if fit else 1.0),
-        "accumulator_bytes_per_s": profile.accumulator_bandwidth.all_cores if profile.accumulator_bandwidth else None,
+        "accumulator_bytes_per_s": profile.accumulator_bandwidth.all_cores * bandwidth.get(hardware.levels[0].name, 1.0)
+                                   if profile.accumulator_bandwidth else None,  # the register link, as refitted
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"

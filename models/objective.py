@@ -11,7 +11,10 @@ Pareto sweeps) costs DV_l alone, in bytes.
 A hardware cache (the target's cache_bytes) is not emptied between the plan's
 tiles at its level: it keeps whatever fits. So the time objective costs its link
 with `effective_dv`: the least DV of any level, its own or an outer one
-(or the whole problem, each tensor once), whose tile fits the cache. DV_l itself
+(or the whole problem, each tensor once), whose tile fits the cache. The
+outermost level's DV counts no intermediate of a chain (the contract), but the
+kernel writes each intermediate's buffer and reads it back: standing in for a
+cache, that level adds those bytes (WholeProblem.intermediates). DV_l itself
 keeps Accera's refill semantics (exact against the simulator); measured on gemm
 1024^3, plans with 1x32x2 L2 tiles under a 29 KiB L3 tile ran in 6.5 ms, where
 their L2 DV alone predicts 26 ms.
@@ -19,7 +22,7 @@ their L2 DV alone predicts 26 ms.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -40,7 +43,7 @@ class Objective:
         """Whether the kernel's serial costs (copies, regions, the call) enter the cost."""
         return self.counts_compute
 
-    def links(self, dv: Sequence, mu: Sequence | None = None, whole: tuple[float, float] | None = None) -> list:
+    def links(self, dv: Sequence, mu: Sequence | None = None, whole: WholeProblem | None = None) -> list:
         """Each level's cost from its DV in bytes (scalars or arrays); with the levels' MU and
         the whole problem's (DV, MU), from effective_dv."""
         if mu is not None and self.caches:
@@ -67,25 +70,41 @@ def fitting_dv(fit: int, tiles) -> np.ndarray:
     return least
 
 
-def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: tuple[float, float] | None) -> list:
+class WholeProblem(NamedTuple):
+    """One tile holding the whole problem, as effective_dv's last stand-in for a cache."""
+
+    dv: float  # each tensor moved once, a chain's intermediates too
+    mu: float  # all of it held
+    intermediates: float  # a chain's intermediates written and read back once: what the outermost
+    # level's DV leaves out when it stands in for a cache (0 without intermediates)
+
+
+def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: WholeProblem | None) -> list:
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
-    `caches[l]` bytes, no more than the DV of a level outside it (or of the whole problem,
-    `whole` = (DV, MU)) whose MU fits (fitting_dv). Scalars or arrays, innermost level first."""
+    `caches[l]` bytes, no more than the DV of a level outside it (the outermost with its
+    intermediates, `whole.intermediates`) or of the whole problem whose MU fits (fitting_dv).
+    Scalars or arrays, innermost level first."""
+    top = len(dv) - 1
+    extra = whole.intermediates if whole is not None else 0.0
+    outer = [(d + extra if j == top else d, m) for j, (d, m) in enumerate(zip(dv, mu))]
     out = list(dv)
     for i, fit in enumerate(caches):
         if fit is not None:
-            outside = [*zip(dv[i + 1:], mu[i + 1:]), *([whole] if whole is not None else [])]
+            outside = [*outer[i + 1:], *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
     return out
 
 
-def whole_problem(workload, hardware: Hardware) -> tuple[float, float]:
-    """(DV, MU) of one tile holding the whole problem: each tensor moved once, a chain's
-    intermediates too (the kernel writes and reads their buffers), all of it held."""
+def whole_problem(workload, hardware: Hardware) -> WholeProblem:
+    """The whole problem as one tile: each tensor moved once, a chain's intermediates too (the
+    kernel writes and reads their buffers), all of it held; and the intermediates' bytes
+    written and read back once."""
     from .costmodel import level_usage
 
     moved = sum(workload.size(name) for name in workload.tensors) * workload.elem_bytes
-    return float(moved), float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
+    inner = sum(workload.size(n) for n, t in workload.tensors.items() if t.role == "intermediate")
+    held = float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
+    return WholeProblem(float(moved), held, 2.0 * inner * workload.elem_bytes)
 
 
 def time_objective(hardware: Hardware) -> Objective:

@@ -99,11 +99,14 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
 
 def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,
            call: float = 1.0) -> Hardware:
-    """The hardware with its peak, each level's bandwidth and its serial costs multiplied."""
+    """The hardware with its peak, each level's bandwidth and its serial costs multiplied (the
+    accumulators' bandwidth with the registers': both are the register link)."""
     levels = [lv.model_copy(update={"bandwidth_bytes_per_s": lv.bandwidth_bytes_per_s * b})
               for lv, b in zip(hardware.levels, bandwidths)]
+    spill = hardware.accumulator_bytes_per_s
     return hardware.model_copy(update={
         "levels": levels, "peak_flops": hardware.peak_flops * peak,
+        "accumulator_bytes_per_s": spill * bandwidths[0] if spill else None,
         "parallel_region_seconds": hardware.parallel_region_seconds * region,
         "call_seconds": hardware.call_seconds * call,
         "source": f"{hardware.source or hardware.name}, refitted to measurements"})

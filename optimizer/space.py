@@ -36,7 +36,7 @@ import numpy as np
 from ..models.caches import tiles_nest
 from ..models.costmodel import check_order, compute_seconds, level_usage, memory_usage, single_level_bound
 from ..models.hardware import Hardware
-from ..models.objective import Objective, time_objective, whole_problem
+from ..models.objective import Objective, WholeProblem, time_objective, whole_problem
 from ..models.targets import Target
 from ..models.workload import Workload
 from . import budget
@@ -166,7 +166,7 @@ class Space:
     orders: list[tuple[str, ...]] = field(init=False)
     exhaustive_orders: bool = field(init=False)  # False: one order per relaxed class (ORDER_CLASS_LIMIT)
     compute_seconds: float = field(init=False)
-    whole: tuple[float, float] = field(init=False)  # (DV, MU) of the whole problem (objective.effective_dv)
+    whole: WholeProblem = field(init=False)  # the whole problem as one tile (objective.effective_dv)
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
