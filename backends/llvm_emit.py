@@ -74,7 +74,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     copy_cores = hardware.cores if parallel else 1
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
-        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes)
+        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes, _windowed(workload, op))
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
                          nests, padded, lanes, copy_cores, parallel_at, pipelined)
@@ -113,16 +113,27 @@ def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> dict:
     return found
 
 
-def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None) -> None:
+def _windowed(workload, op) -> set[str]:
+    """The op's reduction loops that slide a window over an input with a spatial loop (kh and kw
+    of a convolution: `oh + kh`)."""
+    out = set(workload.tensors[op.output].dims)
+    return {x for name in op.inputs for ix in workload.index(name) if len(ix.loops) > 1
+            for x in ix.loops if x not in out}
+
+
+def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, windowed: set[str]) -> None:
     """Vectorise the register tile's last loop (unless lanes is None); unroll the others while
-    the body stays small."""
+    the body stays small, up to a windowed reduction loop: unrolled, its steps share input
+    elements with the spatial loop's (the window's overlap), and LLVM keeps them all in
+    registers beside the accumulators (conv 3x3 with 2x7x32 tiles: 80 spill moves in the FMA
+    loop, and 66-141 GFLOP/s on one core depending on where the stack fell)."""
     if lanes is not None:
         sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
     budget = UNROLL_LIMIT
     for x in reversed(micro[:-1]):
         loop = nests.loops[(op.name, (x, -1))]
         extent = sch.get(loop).extent.value
-        if extent > budget:
+        if extent > budget or (x in windowed and extent > 1):
             break
         budget //= max(extent, 1)
         sch.unroll(loop)

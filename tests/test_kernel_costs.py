@@ -92,3 +92,20 @@ def test_accumulators_stored_and_reloaded_cost_at_their_own_bandwidth():
     extra = data_volume(w, orders, tiles, hardware=slow)[0] - data_volume(w, orders, tiles, hardware=plain)[0]
     assert extra == pytest.approx((16 - 2) * reloads)
     assert make_plan(w, slow, orders, tiles).predicted_seconds > make_plan(w, plain, orders, tiles).predicted_seconds
+
+
+def test_a_convolution_window_takes_a_register_per_output_point():
+    """Register MU of a 3x3 conv tile: its accumulators, one step of the weights' vectors, and
+    the input window's elements of a step (one per output point: neighbours reuse them), while
+    a GEMM's broadcast input (no window) takes one register."""
+    from cachetile.models.costmodel import level_usage
+
+    conv = builtin("conv2d", {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3},
+                   params={"pad": 1, "layout": "nhwc"})
+    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12)]
+    hw = Hardware(name="cpu", levels=levels, peak_flops=4e11, vector_bytes=64)
+    tile = {"n": 1, "oh": 2, "ow": 7, "k": 32, "kh": 3, "kw": 3, "c": 1}
+    assert float(level_usage(conv, hw, 0, tile)) == (2 * 7 * 2 + 2 + 2 * 7) * 64
+    gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})
+    assert float(level_usage(gemm, hw, 0, {"m": 14, "n": 32, "k": 1})) == (14 * 2 + 2 + 1) * 64
