@@ -52,7 +52,7 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert w["tensors"]["C"] == {"dims": ["b", "m", "l"], "role": "intermediate"}
     assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
     defaults = {"kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None, "call_seconds": 0.0,
-                "parallel_region_seconds": 0.0, "calibrated": None}
+                "parallel_region_seconds": 0.0, "calibrated": None, "accumulator_bytes_per_s": None}
     levels = [{**lv, "ways": None} for lv in CUSTOM["levels"]]
     assert doc["hardware"] == {**CUSTOM, **defaults, "levels": levels}  # defaults filled in
     plan = doc["plan"]
@@ -297,7 +297,7 @@ def test_a_tvm_failure_inside_a_build_is_reported_as_build_failed(monkeypatch, c
     from cachetile.api import cli
     from cachetile.backends import llvm_emit
 
-    def vectorize_a_reduction(sch, nests, op, micro, lanes):  # TVM refuses: k is not data parallel
+    def vectorize_a_reduction(sch, nests, op, micro, *_):  # TVM refuses: k is not data parallel
         sch.vectorize(nests.loops[(op.name, (micro[0], -1))])
 
     monkeypatch.setattr(llvm_emit, "_micro_kernel", vectorize_a_reduction)
