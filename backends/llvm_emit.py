@@ -7,11 +7,13 @@ models/caches.py; this module turns them into schedule primitives:
 2. compute each producer of a chain at the last shared loop of the outermost
    level (its output block stays in a kernel-local buffer);
 3. run the outermost loop that is spatial for every op under it in parallel;
-4. the micro-kernel: vectorise the register tile's last loop, unroll the rest;
+4. the micro-kernel: vectorise the register tile's last loop, unroll the rest
+   up to a reduction loop that slides an input window;
 5. cache_read each input where models/caches.py says, in its packed layout;
-6. accumulate each output in a `local` register tile written back at its
-   level-0 key-slice (or, when a reduction loop runs above that tile, zero
-   the output and accumulate into it in place).
+6. accumulate each output in a `local` register tile zeroed before its
+   reduction loops and written back at its level-0 key-slice (or, when a
+   reduction loop runs above that tile, zero the output's block in a buffer
+   whose rows are skewed off the cache sets, and accumulate into it in place).
 """
 from __future__ import annotations
 
@@ -240,7 +242,7 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
 # Rows of an accumulation buffer a multiple of this many bytes apart fall into a few sets of
 # the caches: 4 KiB rows all into one L1 set (64 sets of 64-byte lines), so a register tile of
 # more rows than the ways (12 on Zen 5's L1d) misses at every step (gemm 1024^3 plans with
-# 23- and 61-row tiles accumulating in such rows: 129-151 ms instead of 6-14).
+# 23- and 61-row tiles accumulating in such rows: 151 and 129 ms, skewed 12 and 22).
 ROW_ALIAS_BYTES = 512
 LINE_BYTES = 64
 
