@@ -109,3 +109,24 @@ def test_a_convolution_window_takes_a_register_per_output_point():
     assert float(level_usage(conv, hw, 0, tile)) == (2 * 7 * 2 + 2 + 2 * 7) * 64
     gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})
     assert float(level_usage(gemm, hw, 0, {"m": 14, "n": 32, "k": 1})) == (14 * 2 + 2 + 1) * 64
+
+
+def test_a_cache_moves_no_more_than_a_fitting_outer_tile_and_a_chain_adds_its_intermediates():
+    """effective_dv: a cache's link carries the least DV of its own tile, of an outer tile that
+    fits it, or of the whole problem when that fits; the outermost level standing in adds a
+    chain's intermediates (written and read back once), which its DV leaves out."""
+    from cachetile.models.objective import WholeProblem, effective_dv, whole_problem
+
+    dv, mu = [900.0, 500.0, 300.0, 100.0], [10.0, 40.0, 200.0, 700.0]
+    caches = [None, 64, 1000, None]
+    plain = effective_dv(dv, mu, caches, WholeProblem(400.0, 5000.0, 0.0))
+    assert plain == [900.0, 500.0, 100.0, 100.0]  # L1: no outer tile fits 64; L2: the outermost's 100
+    chain = effective_dv(dv, mu, caches, WholeProblem(400.0, 5000.0, 150.0))
+    assert chain == [900.0, 500.0, 250.0, 100.0]  # 100 + 150 of intermediates; the level's own DV stays
+    fits = effective_dv(dv, mu, caches, WholeProblem(120.0, 900.0, 150.0))
+    assert fits[2] == 120.0  # the whole problem fits L2 and moves less
+    w = builtin("gemm-chain", {"m": 64, "l": 48, "k": 32, "n": 16})
+    whole = whole_problem(w, HOST)
+    assert whole.dv == (64 * 32 + 32 * 48 + 64 * 48 + 48 * 16 + 64 * 16) * 4
+    assert whole.intermediates == 2 * 64 * 48 * 4
+    assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), HOST).intermediates == 0.0
