@@ -164,16 +164,22 @@ def _compacted(built) -> str:
     return tvm.ir.transform.Sequential(passes)(built.emitted.schedule.mod).script()
 
 
+def _block_buffer_kernel(n: int):
+    """gemm 96 x n x 64 with a k loop of 8 trips above 4 x 16 register tiles in 32 x n L1 tiles:
+    the workload, plan, built kernel and compacted TensorIR."""
+    w = builtin("gemm", {"m": 96, "n": n, "k": 64})
+    tiles = [{"m": 4, "n": 16, "k": 1}, {"m": 32, "n": n, "k": 8}, {"m": 96, "n": n, "k": 64},
+             {"m": 96, "n": n, "k": 64}][: len(HOST.levels)]
+    plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
+    built = build(w, HOST, plan)
+    return w, plan, built, _compacted(built)
+
+
 def test_an_output_resumed_across_k_accumulates_in_a_block_buffer():
     """When a k loop with several trips runs above the register tile, the tile is reloaded and
     stored at each trip: it accumulates in a contiguous buffer of the output's block (the block
     under the holder), zeroed inside it and written back once, not in the row-major output."""
-    w = builtin("gemm", {"m": 96, "n": 80, "k": 64})
-    tiles = [{"m": 4, "n": 16, "k": 1}, {"m": 32, "n": 80, "k": 8}, {"m": 96, "n": 80, "k": 64},
-             {"m": 96, "n": 80, "k": 64}][: len(HOST.levels)]
-    plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
-    built = build(w, HOST, plan)
-    lowered = _compacted(built)
+    w, plan, built, lowered = _block_buffer_kernel(80)
     # L2 and L3 run once; the innermost output loop with several trips above k.L1 (8 trips) is
     # m.L1, so the buffer is C's L1 block, 32 x 80.
     assert re.search(r"C_global = T\.(sblock_)?alloc_buffer\(\(32, 80\)", lowered), lowered[:3000]
@@ -185,12 +191,7 @@ def test_accumulation_rows_a_multiple_of_512_bytes_are_skewed_by_a_line():
     """An output block buffer whose rows are 1 KiB long gets rows of 1 KiB + 64 B, so its rows
     do not all fall into the same few cache sets (gemm 1024^3 plans accumulating 61 rows 4 KiB
     apart ran 129 ms instead of 22); rows of other lengths stay as they are."""
-    w = builtin("gemm", {"m": 96, "n": 256, "k": 64})
-    tiles = [{"m": 4, "n": 16, "k": 1}, {"m": 32, "n": 256, "k": 8}, {"m": 96, "n": 256, "k": 64},
-             {"m": 96, "n": 256, "k": 64}][: len(HOST.levels)]
-    plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
-    built = build(w, HOST, plan)
-    lowered = _compacted(built)
+    w, _, built, lowered = _block_buffer_kernel(256)
     assert re.search(r"C_global = T\.(sblock_)?alloc_buffer\(\(32, 256\), strides=\(272, 1\)\)", lowered), lowered[:3000]
     check(w, built.lib)
 

@@ -9,6 +9,10 @@ from cachetile.models.kernel_costs import kernel_costs
 from cachetile.models.hardware import Hardware, Level
 
 HOST = preset("host")
+# AVX-512 registers (32 x 64 B) and a 12-way 48 KiB L1: the SIMD register model's terms alone.
+REGISTERS_AND_L1 = Hardware(name="cpu", peak_flops=4e11, vector_bytes=64, levels=[
+    Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+    Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12)])
 CASES = [
     ("gemm", {"m": 1000, "n": 1000, "k": 1000}),
     ("gemm", {"m": 127, "n": 251, "k": 509}),
@@ -79,9 +83,7 @@ def test_accumulators_stored_and_reloaded_cost_at_their_own_bandwidth():
     elements 2 x (register bandwidth / accumulator bandwidth) times, the inputs as before."""
     from cachetile.models.costmodel import data_volume
 
-    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
-              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12)]
-    plain = Hardware(name="cpu", levels=levels, peak_flops=4e11, vector_bytes=64)
+    plain = REGISTERS_AND_L1
     slow = plain.model_copy(update={"accumulator_bytes_per_s": 1e12})
     w = builtin("gemm", {"m": 32, "n": 64, "k": 48})
     orders, tiles = [["k", "m", "n"], ["m", "n", "k"]], [{"m": 4, "n": 32, "k": 1}, {"m": 32, "n": 64, "k": 48}]
@@ -102,9 +104,7 @@ def test_a_convolution_window_takes_a_register_per_output_point():
 
     conv = builtin("conv2d", {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3},
                    params={"pad": 1, "layout": "nhwc"})
-    levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
-              Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12)]
-    hw = Hardware(name="cpu", levels=levels, peak_flops=4e11, vector_bytes=64)
+    hw = REGISTERS_AND_L1
     tile = {"n": 1, "oh": 2, "ow": 7, "k": 32, "kh": 3, "kw": 3, "c": 1}
     assert float(level_usage(conv, hw, 0, tile)) == (2 * 7 * 2 + 2 + 2 * 7) * 64
     gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})
