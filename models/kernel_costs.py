@@ -71,11 +71,16 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     parallel = _parallel_positions(workload, orders, tiles, cores)
     costs = KernelCosts(copy_bytes=[0.0] * len(tiles), stream_bytes=[0.0] * len(tiles))
 
-    def stream(nbytes: float, footprint: float, weight: float = 1.0) -> float:
-        """Seconds to stream `nbytes` of a `footprint`-byte array or buffer; kept per link."""
+    def stream(nbytes: float, footprint: float, shared: int = cores) -> float:
+        """Seconds to stream `nbytes` of a `footprint`-byte array or buffer, kept per link; a pass
+        split over `shared` of the cores (1: a serial one) counts cores / shared times, since the
+        link's bandwidth is the figure for all cores."""
         level = stream_level(hardware, footprint)
-        costs.stream_bytes[level] += nbytes * weight
-        return nbytes / hardware.levels[level].bandwidth_bytes_per_s
+        weighted = nbytes * (cores / shared)
+        costs.stream_bytes[level] += weighted
+        return weighted / hardware.levels[level].bandwidth_bytes_per_s
+
+    root_shared = cores if parallel else 1  # a root pass is split over the cores when the kernel is (llvm_emit)
 
     copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
     for site in copies:
@@ -83,8 +88,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         positions = walk(workload, orders, op)
         index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
         if site.key is None:
-            # a root copy is split over the cores when the kernel runs in parallel (llvm_emit)
-            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), cores if parallel else 1
+            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), root_shared
         else:
             above = positions[: positions.index(site.key) + 1]
             fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(ix.span(eff[site.level]) for ix in index)
@@ -93,8 +97,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copy_bytes[site.level] += nbytes
         costs.copies.append((site.tensor, site.level, nbytes, block * elem))
         source = workload.size(site.tensor) * elem
-        seconds = stream(nbytes, source, cores / shared) + stream(nbytes, block * elem, cores / shared)
-        costs.copy_seconds += seconds * cores / shared
+        costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
@@ -108,8 +111,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.outputs.append((op.output, size, size, cropped))
             costs.copy_seconds += stream(size, size)
             if cropped:  # reads the padded output, writes the array; over the cores like a root copy
-                shared = cores if parallel else 1
-                costs.copy_seconds += stream(2 * cropped, size, cores / shared) * cores / shared
+                costs.copy_seconds += stream(2 * cropped, size, root_shared)
                 root_passes += 1
         else:  # zeroed block by block in its buffer, then each block written back to the array
             block = _prod(holder_block(workload, orders, op, eff, padded, plan.holder)) * elem
