@@ -95,6 +95,12 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     return out
 
 
+def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence) -> list:
+    """The bytes the time objective charges each level of one plan (its DV and MU per level):
+    effective_dv with this hardware's caches and the workload as a whole."""
+    return effective_dv(dv, mu, time_objective(hardware).caches, whole_problem(workload, hardware))
+
+
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:
     """The whole problem as one tile: each tensor moved once, a chain's intermediates too (the
     kernel writes and reads their buffers), all of it held; and the intermediates' bytes

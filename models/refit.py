@@ -36,7 +36,7 @@ from .caches import tiles_nest
 from .costmodel import compute_seconds, data_volume
 from .errors import InvalidInput
 from .hardware import Hardware, apply_profile
-from .objective import effective_dv, time_objective, whole_problem
+from .objective import charged_dv, time_objective
 from .plan import Plan, make_plan
 from .profile import Profile, Refit
 from .workload import Workload
@@ -89,8 +89,7 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     compute = float(compute_seconds(record.workload, hardware, orders, tiles, stages))
     dv = [float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)]
     # the bytes the time objective charges each link (effective_dv): no bandwidth changes them
-    dv = effective_dv(dv, [lp.mu_bytes for lp in record.plan.levels], time_objective(hardware).caches,
-                      whole_problem(record.workload, hardware))
+    dv = charged_dv(record.workload, hardware, dv, [lp.mu_bytes for lp in record.plan.levels])
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from .costmodel import data_volume, level_usage
 from .hardware import Hardware
 from .kernel_costs import kernel_costs
-from .objective import effective_dv, time_objective, whole_problem
+from .objective import charged_dv
 from .workload import Workload
 
 
@@ -25,8 +25,7 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
     """Bytes moved into each level (innermost first) by one call of the kernel."""
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
-    dv = [float(d) for d in effective_dv(dv, mu, time_objective(hardware).caches,
-                                         whole_problem(workload, hardware))]
+    dv = [float(d) for d in charged_dv(workload, hardware, dv, mu)]
     costs = kernel_costs(workload, hardware, orders, tiles)
     target = hardware.target
     for tensor, level, nbytes, buffer in costs.copies:
