@@ -3,9 +3,8 @@ on, in a `measurements` table beside the plan cache (the same SQLite file), for 
 and the `tune hardware ... --from-measurements` / `--calibrate` commands that refit and store."""
 from __future__ import annotations
 
-import time
-
 import sys
+import time
 
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware, host, host_key
