@@ -78,6 +78,11 @@ class WholeProblem(NamedTuple):
     intermediates: float  # a chain's intermediates written and read back once: what the outermost
     # level's DV leaves out when it stands in for a cache (0 without intermediates)
 
+    def standing(self, level: int, top: int) -> float:
+        """What level `level` (of levels 0..top) adds to its DV when it stands in for an inner
+        cache: the outermost, the intermediates its DV leaves out."""
+        return self.intermediates if level == top else 0.0
+
 
 def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: WholeProblem | None) -> list:
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
@@ -85,8 +90,7 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     intermediates, `whole.intermediates`) or of the whole problem whose MU fits (fitting_dv).
     Scalars or arrays, innermost level first."""
     top = len(dv) - 1
-    extra = whole.intermediates if whole is not None else 0.0
-    outer = [(d + extra if j == top else d, m) for j, (d, m) in enumerate(zip(dv, mu))]
+    outer = [(d + (whole.standing(j, top) if whole is not None else 0.0), m) for j, (d, m) in enumerate(zip(dv, mu))]
     out = list(dv)
     for i, fit in enumerate(caches):
         if fit is not None:

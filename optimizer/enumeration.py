@@ -119,11 +119,6 @@ class _Search:
         fit = caches[level] if caches else None
         return np.inf if fit is None else fitting_dv(fit, (*tiles, self.space.whole[:2]))
 
-    def _standing(self, level: int) -> float:
-        """What a level adds to its DV when it stands in for an inner cache: the outermost adds
-        a chain's intermediates (objective.effective_dv)."""
-        return self.space.whole.intermediates if level == self.space.n_levels - 1 else 0.0
-
     greedy = False  # in the first dive of a many-loop search: sampled rows, first child only
 
     def run(self) -> None:
@@ -183,7 +178,7 @@ class _Search:
         if guided and sp.objective.caches:
             # An inner hardware cache moves at most what a fitting outer tile does: this child's
             # (its least DV over the orders) or one along the branch.
-            child = ((raw.min(axis=0) + self._standing(level), sp.usage(level, tile)), *outer)
+            child = ((raw.min(axis=0) + sp.whole.standing(level, sp.n_levels - 1), sp.usage(level, tile)), *outer)
             held = lambda j: self._held(j, child)  # noqa: E731
         inner = self._inner_floor(level, rows, 1 if shares else 0, held)[None, :] if guided else 0.0
         # Register loads issue with the FMAs: their least time under each child adds to compute.
@@ -241,7 +236,7 @@ class _Search:
                 return  # children are sorted by bound, and nothing beats the lower bound
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
-            here = (float(raw[o, r]) + self._standing(level), float(sp.usage(level, child)))
+            here = (float(raw[o, r]) + sp.whole.standing(level, sp.n_levels - 1), float(sp.usage(level, child)))
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
                 float(cmax.flat[flat]), float(csum.flat[flat]), (here, *outer),
