@@ -147,7 +147,8 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--double-buffer", action="store_true",
                      help="with --export/--measure: software-pipeline the input caches' copies (two buffers each)")
     top.add_argument("--autotune", type=_number(int, 1), default=0, metavar="K",
-                     help="build, check and time the model's top K distinct plans; return the fastest (cached)")
+                     help="build, check and time K of the model's best distinct plans (one per register tile "
+                          "first); return the fastest (cached)")
     top.add_argument("--rpc", type=_rpc, metavar="HOST:PORT:KEY",
                      help="with --autotune: measure on the servers of this TVM RPC tracker")
     top.add_argument("--target-host", metavar="TARGET",

@@ -127,8 +127,9 @@ class PlanRequest(BaseModel):
     time_limit: float = Field(10.0, gt=0, allow_inf_nan=False, description="seconds the solver may take")
     top: int = Field(3, ge=0, le=MAX_TOP, description="alternatives to return besides the plan")
     stages: int | None = Field(None, ge=1, le=8, description="GPU: buffers per shared-memory input cache (default 2)")
-    autotune: int = Field(0, ge=0, le=MAX_AUTOTUNE, description="build and time the model's top K distinct plans and "
-                          "return the measured fastest (0: the model's choice, unmeasured)")
+    autotune: int = Field(0, ge=0, le=MAX_AUTOTUNE, description="build and time K of the model's best distinct plans "
+                          "(one per register tile first on SIMD CPUs) and return the measured fastest (0: the "
+                          "model's choice, unmeasured)")
     rpc: str | None = Field(None, description="with autotune: HOST:PORT:KEY of a TVM RPC tracker whose servers "
                             "measure the candidates")
     target_host: str | None = Field(None, description="with rpc: the servers' LLVM target, 'llvm -mtriple=T -mcpu=C' "

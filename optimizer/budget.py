@@ -22,6 +22,9 @@ ROWS_PER_UNIT = 4000
 # within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
 # 1024^3 GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
 SEED_WORK = 700.0
+# tune(register_tiles=n), for autotuning: the search around each register tile alone
+# (enumeration.per_register_tile), about 0.1 s each.
+REGISTER_TILE_WORK = 200.0
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
 # proving the best takes long; enumerate's best plan after this much work (about 1.5 s) is returned.
 GPU_WORK = 2500.0
@@ -30,4 +33,4 @@ POLISH_WORK = 250.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 
-CAPS = ("SEED_WORK", "GPU_WORK", "POLISH_WORK", "ROUND_POLISH_SECONDS")
+CAPS = ("SEED_WORK", "REGISTER_TILE_WORK", "GPU_WORK", "POLISH_WORK", "ROUND_POLISH_SECONDS")

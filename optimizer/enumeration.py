@@ -274,7 +274,8 @@ LADDER_GRID = 30_000  # tile combinations per level the seeded search holds
 BEAMS = (1, 2, 4, 8)  # children per node the seeded passes visit, in turn
 
 
-def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = None) -> SolveResult:
+def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = None,
+           seeds: np.ndarray | None = None) -> SolveResult:
     """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`),
     visiting at most BEAMS[i] children of each node, for i = 0, 1, ... while time lasts.
 
@@ -285,10 +286,12 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     next. The greedy dive has the whole `deadline`; the wider passes stop at `cap` too (auto
     passes a deadline of work, budget.SEED_WORK, so the plans do not depend on the machine's
     load). `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
-    `feasible` when the widest beam ran to the end, else `timeout`.
+    `feasible` when the widest beam ran to the end, else `timeout`. `seeds`: the register
+    tiles to search around, rows in `Space.loops` order (default: the REGISTER_SEEDS best).
     """
     wider = cap if cap is not None else deadline
-    seeds = space.best_register_tiles(REGISTER_SEEDS)
+    if seeds is None:
+        seeds = space.best_register_tiles(REGISTER_SEEDS)
     best = TopK(max(top, 1))
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
@@ -307,6 +310,24 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     if best.items and space.meets_lower_bound(best.items[0].key[0]):
         status = "optimal"
     return SolveResult(status, best.items, evaluated)
+
+
+def per_register_tile(space: Space, deadline: Deadline, n: int) -> list[Candidate]:
+    """The best plan `seeded` finds around each of the n best register tiles alone, each search
+    within budget.REGISTER_TILE_WORK; [] where the target has no register tiles to rank.
+
+    For autotuning: the register tile is the micro-kernel, whose speed depends most on the
+    code generator, which the model sees least; plans that differ only in outer tiles are
+    measured within a few percent of each other (BENCHMARKS.md).
+    """
+    seeds = space.best_register_tiles(n) if space.objective.shares_issue else None
+    found: list[Candidate] = []
+    for seed in [] if seeds is None else seeds:
+        if deadline.expired():
+            break
+        cap = Deadline(deadline.left(), budget.REGISTER_TILE_WORK)
+        found += seeded(space, deadline, 1, cap, seed[None]).plans
+    return found
 
 
 @register("enumerate")

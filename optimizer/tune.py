@@ -59,13 +59,16 @@ def tune(
     top: int = 3,
     stages: int | None = None,
     objective: Objective | None = None,
+    register_tiles: int = 0,
 ) -> TuneResult:
     """Find the plan minimising predicted_seconds, plus up to `top` alternatives.
 
     `stages`: buffers per shared-memory input cache on GPUs (default 2, double
     buffering; N > 2 rotates N buffers); CPUs take 1. `objective` replaces the
     predicted time as what is minimised (pareto passes one level's DV); the
-    returned plans are costed on the hardware as always.
+    returned plans are costed on the hardware as always. `register_tiles`: on
+    SIMD CPUs, the alternatives also hold the best plan found around each of the
+    n best register tiles alone (for autotuning to measure across micro-kernels).
     Raises InvalidInput on bad arguments, Infeasible when nothing fits,
     NoPlanInTime when the time limit passes before any feasible plan is found,
     and SolverFailed when the solver itself fails.
@@ -78,6 +81,8 @@ def tune(
         raise InvalidInput(f"unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}")
     if not _is_int(top) or top < 0:
         raise InvalidInput(f"top must be an integer >= 0, got {top!r}")
+    if not _is_int(register_tiles) or register_tiles < 0:
+        raise InvalidInput(f"register_tiles must be an integer >= 0, got {register_tiles!r}")
     target = hardware.target
     if stages is None:
         stages = target.default_stages
@@ -94,12 +99,11 @@ def tune(
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
-    polish_deadline = Deadline(deadline.left(), budget.POLISH_WORK)
-    polished = TopK(len(result.plans), space)  # canonical and distinct, best first
-    for cand in result.plans:
-        polished.add(rescore(space, polish(space, cand, polish_deadline)))
-    plans = polished.items
-    costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans[: top + 1]]
+    plans = _polished(space, result.plans, deadline)[: top + 1]
+    if register_tiles:
+        extra = _polished(space, enumeration.per_register_tile(space, deadline, register_tiles), deadline)
+        plans = _polished(space, plans + extra, None)
+    costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans]
     return TuneResult(
         workload=workload,
         hardware=hardware,
@@ -109,3 +113,13 @@ def tune(
         ),
         alternatives=costed[1:],
     )
+
+
+def _polished(space: Space, cands, deadline: Deadline | None) -> list:
+    """The candidates polished (within budget.POLISH_WORK of `deadline`; None: as they are) and
+    rescored, canonical and distinct, best first."""
+    polish_deadline = deadline and Deadline(deadline.left(), budget.POLISH_WORK)
+    out = TopK(len(cands), space)
+    for cand in cands:
+        out.add(rescore(space, polish(space, cand, polish_deadline)) if polish_deadline else cand)
+    return out.items

@@ -1,4 +1,4 @@
-"""`--autotune K`: the model's top K distinct plans built, checked against numpy, timed; the fastest
+"""`--autotune K`: K of the model's best distinct plans built, checked against numpy, timed; the fastest
 returned, failures dropped with their reason, the result cached and the measurements stored."""
 import json
 import os
@@ -10,13 +10,14 @@ import numpy as np
 import pytest
 
 from cachetile import builtin, make_plan, preset
-from cachetile.api.autotune import AutotuneResult, autotune, distinct, signature
+from cachetile import tune
+from cachetile.api.autotune import AutotuneResult, autotune, distinct, signature, spread
 from cachetile.api.measurements import MeasurementStore
 from cachetile.api.request import PlanRequest
 from cachetile.backends import llvm
 from cachetile.backends.base import Built
 from cachetile.backends.llvm_measure import check
-from cachetile.models.errors import BuildFailed
+from cachetile.models.errors import BuildFailed, InvalidInput
 from cachetile.models.measurement import TOLERANCE
 
 HOST = preset("host")
@@ -61,6 +62,28 @@ def test_distinct_drops_plans_that_differ_only_in_loops_that_run_once():
     b = make_plan(W, HOST, [["n", "m", "k"], *[["m", "n", "k"]] * 3], tiles)  # m runs once at registers
     c = make_plan(W, HOST, [["m", "k", "n"], *[["m", "n", "k"]] * 3], tiles)  # k and n swap: another kernel
     assert distinct(W, [a, b, c]) == [a, c]
+
+
+def test_spread_takes_one_plan_per_register_tile_first_and_keeps_the_model_order():
+    upper = [{"m": 10, "n": 40, "k": 36}, W.dims, W.dims]
+    a, b, c = ({"m": m, "n": n, "k": 1} for m, n in ((10, 16), (5, 32), (2, 40)))
+    plans = [make_plan(W, HOST, [["m", "n", "k"]] * 4, [r, *upper]) for r in (a, a, b, a, c, b)]
+    # a's best, b's best, c's best, then a's second: plans 0, 2, 4, 1, in the plans' order.
+    assert spread(plans, 4) == [plans[0], plans[1], plans[2], plans[4]]
+    assert spread(plans, 2) == [plans[0], plans[2]]
+    assert spread(plans, 9) == plans and spread([], 3) == []
+
+
+def test_tune_register_tiles_adds_the_best_plan_of_each_register_tile():
+    w = builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})
+    plain, wide = tune(w, HOST, top=7), tune(w, HOST, top=7, register_tiles=6)
+    tiles = {tuple(p.levels[0].tile.values()) for p in [wide.plan, *wide.alternatives]}
+    assert len(tiles) >= 6
+    assert wide.plan == plain.plan  # the extra searches only add alternatives
+    predicted = [p.predicted_seconds for p in [wide.plan, *wide.alternatives]]
+    assert predicted == sorted(predicted)
+    with pytest.raises(InvalidInput, match=r"^register_tiles must be an integer >= 0, got -1$"):
+        tune(w, HOST, register_tiles=-1)
 
 
 def test_a_failing_candidate_is_dropped_with_its_reason(monkeypatch):
