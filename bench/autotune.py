@@ -162,16 +162,14 @@ def metaschedule_rows(workloads, hw, k, trials, rounds):
 def rpc_rows(workloads, hw, k, rounds=2):
     """Wall time of measure_plans here and through the fleet, less the builds (the same in both:
     sequential, on this machine), and the plan each run picks."""
-    from cachetile import tune
-    from cachetile.api.autotune import SOLVER_PLANS_PER_CANDIDATE, distinct
+    from cachetile.api.autotune import choose_candidates, ranked
     from cachetile.backends.rpc_fleet import Fleet
 
     one = hw.model_copy(update={"cores": 1})  # serial kernels: the servers and this process run them alike
     rows = []
     with Fleet(servers=2, key="bench", threads=1) as fleet:
         for name, w in workloads:
-            result = tune(w, one, time_limit=10, top=SOLVER_PLANS_PER_CANDIDATE * k - 1)
-            plans = distinct(w, [result.plan, *result.alternatives])[:k]
+            result, plans = choose_candidates(w, one, k)
             walls, picks, gaps = {"local": [], "rpc": []}, {"local": [], "rpc": []}, []
             for r in range(rounds):
                 for where, remote in (("local", None), ("rpc", fleet.rpc)):
@@ -180,9 +178,9 @@ def rpc_rows(workloads, hw, k, rounds=2):
                     trials = llvm().measure_plans(result, plans, remote=remote)
                     builds = sum(t.measurement.build_seconds for t in trials if t.measurement)
                     walls[where].append(time.perf_counter() - start - builds)
-                    seconds = sorted((t.measurement.kernel_seconds, i) for i, t in enumerate(trials) if t.measurement)
-                    picks[where].append(seconds[0][1])
-                    gaps.append(seconds[1][0] / seconds[0][0] - 1)
+                    picks[where].append(ranked(trials)[0])
+                    seconds = sorted(t.measurement.kernel_seconds for t in trials if t.measurement)
+                    gaps.append(seconds[1] / seconds[0] - 1)
             same = len(set(picks["local"] + picks["rpc"])) == 1
             rows.append((name, str(len(plans)), " ".join(f"{s:.2f}" for s in walls["local"]),
                          " ".join(f"{s:.2f}" for s in walls["rpc"]),

@@ -5,13 +5,14 @@ import os
 import subprocess
 import sys
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
 from cachetile import builtin, make_plan, preset
 from cachetile import tune
-from cachetile.api.autotune import AutotuneResult, autotune, distinct, signature, spread
+from cachetile.api.autotune import TIE, AutotuneResult, autotune, distinct, ranked, signature, spread
 from cachetile.api.measurements import MeasurementStore
 from cachetile.api.request import PlanRequest
 from cachetile.backends import llvm
@@ -37,10 +38,13 @@ def test_returns_the_measured_fastest_of_k_distinct_plans(tmp_path):
     a = result.autotune
     assert isinstance(result, AutotuneResult) and a.k == 3 and a.measured == 3 and a.rpc is None
     plans = [result.plan, *result.alternatives]
-    # The candidates that ran, fastest first, line up with [plan, *alternatives].
+    # The candidates that ran line up with [plan, *alternatives]: the returned one (the model's best
+    # of those within TIE of the fastest), then the others fastest first.
     measured = [c.measured_seconds for c in a.candidates]
-    assert measured == sorted(measured) and len(plans) == 3
-    assert sorted(c.rank for c in a.candidates) == [0, 1, 2] and a.chosen_rank == a.candidates[0].rank
+    assert measured[1:] == sorted(measured[1:]) and len(plans) == 3
+    ties = [c.rank for c in a.candidates if c.measured_seconds <= min(measured) * (1 + TIE)]
+    assert a.chosen_rank == a.candidates[0].rank == min(ties)
+    assert sorted(c.rank for c in a.candidates) == [0, 1, 2]
     assert len({signature(W, p) for p in plans}) == 3  # three different kernels
     for c, plan in zip(a.candidates, plans):
         assert c.predicted_seconds == plan.predicted_seconds
@@ -72,6 +76,17 @@ def test_spread_takes_one_plan_per_register_tile_first_and_keeps_the_model_order
     assert spread(plans, 4) == [plans[0], plans[1], plans[2], plans[4]]
     assert spread(plans, 2) == [plans[0], plans[2]]
     assert spread(plans, 9) == plans and spread([], 3) == []
+
+
+def test_ranked_returns_the_fastest_unless_the_model_prefers_one_within_the_noise():
+    def trials(*seconds):  # None: a dropped candidate
+        return [SimpleNamespace(measurement=s and SimpleNamespace(kernel_seconds=s)) for s in seconds]
+
+    assert ranked(trials(1.0, 0.995, 1.2)) == [0, 1, 2]  # 0.5% apart: the model's rank 0 is returned
+    assert ranked(trials(1.0, 1.2, 0.97)) == [2, 0, 1]  # 3% apart: the fastest
+    assert ranked(trials(None, 1.01, 1.0, 1.3)) == [1, 2, 3]
+    assert ranked(trials(1.0 + TIE + 1e-9, 1.0)) == [1, 0]  # just outside the tie
+    assert ranked(trials(None, None)) == []
 
 
 def test_tune_register_tiles_adds_the_best_plan_of_each_register_tile():

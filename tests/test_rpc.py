@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from cachetile import builtin, preset, tune
-from cachetile.api.autotune import autotune
+from cachetile.api.autotune import TIE, autotune
 from cachetile.api.request import PlanRequest
 from cachetile.backends.base import get_backend
 from cachetile.backends.llvm_trials import Kernel
@@ -95,7 +95,7 @@ def test_addresses_parse():
 
 def test_autotune_through_a_tracker_and_two_servers(fleet, tmp_path):
     """The candidates are measured on both servers; each matches numpy there; the plan returned
-    is the fastest of them; the servers are free again afterwards."""
+    is the fastest of them (or tied with it); the servers are free again afterwards."""
     req = PlanRequest(workload=W, hardware=HOST, time_limit=3, autotune=4, rpc=str(fleet.rpc))
     with bounded(120):
         result = autotune(req)
@@ -105,7 +105,8 @@ def test_autotune_through_a_tracker_and_two_servers(fleet, tmp_path):
     assert servers == {f"127.0.0.1:{s.port}" for s in fleet.servers}
     assert all(c.measurement.max_abs_error < 1e-2 and c.measurement.reference_seconds is None for c in a.candidates)
     measured = [c.measured_seconds for c in a.candidates]
-    assert measured == sorted(measured) and result.plan.predicted_seconds == a.candidates[0].predicted_seconds
+    assert measured[1:] == sorted(measured[1:]) and measured[0] <= min(measured) * (1 + TIE)
+    assert result.plan.predicted_seconds == a.candidates[0].predicted_seconds
     assert a.threads == 1 and "ran on 1 thread(s), the plans were made for" in a.note
     fleet.wait_registered(2)
 
