@@ -35,6 +35,8 @@ and results broadcast.
 """
 from __future__ import annotations
 
+import functools
+
 import itertools
 import math
 from typing import Mapping, Sequence
@@ -297,21 +299,34 @@ def level_usage(workload: Workload, hardware: Hardware, level: int, tile: Mappin
     return target_for(hardware).level_usage(workload, level, tile, stages)
 
 
-def predicted_seconds(compute, link_seconds, shares_issue: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def overlapped(terms, norm: float = np.inf) -> np.ndarray:
+    """Times that overlap, combined: their `norm`-norm (inf: the largest). Associative, so a
+    search may combine the terms it knows and add the others later. Vectorised."""
+    terms = [np.asarray(t, dtype=np.float64) for t in terms]
+    top = functools.reduce(np.maximum, terms)
+    if np.isinf(norm):
+        return top
+    scale = np.where((top > 0) & np.isfinite(top), top, 1.0)  # scaled: no under- or overflow
+    return np.where(np.isfinite(top), scale * sum((t / scale) ** norm for t in terms) ** (1 / norm), top)
+
+
+def predicted_seconds(compute, link_seconds, shares_issue: bool = False,
+                      norm: float = np.inf) -> tuple[np.ndarray, np.ndarray]:
     """Time of a plan from its compute time and each level's link time, and the index of
-    the level that sets it (-1: compute). The one formula every solver ranks by:
-    max(compute, slowest link), except that when level 0's link shares the core's issue
+    the level that sets most of it (-1: compute). The one formula every solver ranks by:
+    compute and the links overlap (`overlapped`: with norm inf, max(compute, slowest link);
+    the target's overlap_norm), except that when level 0's link shares the core's issue
     slots with the arithmetic (`shares_issue`, SIMD CPUs) its time adds to compute. Vectorised."""
     links = [np.asarray(s, dtype=np.float64) for s in link_seconds]
     compute = np.asarray(compute, dtype=np.float64)
     first = 0
     if shares_issue:
         compute, first = compute + links[0], 1
-    best, index = compute, np.full(np.broadcast_shapes(compute.shape, *[s.shape for s in links]), -1)
+    slowest, index = compute, np.full(np.broadcast_shapes(compute.shape, *[s.shape for s in links]), -1)
     for i in range(first, len(links)):
-        index = np.where(links[i] > best, i, index)
-        best = np.maximum(best, links[i])
-    return best, index
+        index = np.where(links[i] > slowest, i, index)
+        slowest = np.maximum(slowest, links[i])
+    return overlapped([compute, *links[first:]], norm), index
 
 
 def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[str, int]]:

@@ -3,7 +3,8 @@
 Every solver, the polish and the plan document rank plans through an
 Objective, so the formula lives in one place (costmodel.predicted_seconds):
 each level's link costs DV_l / divisor_l, compute counts or not, on SIMD CPUs
-level 0's link adds to compute, and the kernel's serial costs (the target's
+level 0's link adds to compute, compute and the links overlap as the target's
+overlap_norm says (the slowest alone, or on SIMD CPUs a 4-norm), and the kernel's serial costs (the target's
 kernel_costs: packing copies, parallel regions, the call) add to the whole.
 `time_objective` divides by each link's bandwidth; `dv_objective(l)` (the
 Pareto sweeps) costs DV_l alone, in bytes.
@@ -26,7 +27,7 @@ from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from .costmodel import predicted_seconds
+from .costmodel import overlapped, predicted_seconds
 from .hardware import Hardware
 
 
@@ -37,6 +38,7 @@ class Objective:
     shares_issue: bool  # level 0's cost adds to compute instead of overlapping it
     level: int | None = None  # dv_objective's level
     caches: tuple[int | None, ...] = ()  # per level: bytes a hardware cache holds (None: its DV is exact)
+    norm: float = np.inf  # how compute and the links overlap (costmodel.overlapped)
 
     @property
     def counts_serial(self) -> bool:
@@ -57,8 +59,12 @@ class Objective:
     def value(self, compute, links, serial=0.0) -> tuple[np.ndarray, np.ndarray]:
         """The cost of plans and the index of the level that sets it (-1: compute), plus the
         serial seconds when they count. Vectorised."""
-        best, index = predicted_seconds(self.compute(compute), links, self.shares_issue)
+        best, index = predicted_seconds(self.compute(compute), links, self.shares_issue, self.norm)
         return (best + serial if self.counts_serial else best), index
+
+    def overlap(self, *terms):
+        """Compute and link times (or what bounds them) combined as `value` combines them."""
+        return overlapped(terms, self.norm)
 
 
 def fitting_dv(fit: int, tiles) -> np.ndarray:
@@ -121,7 +127,8 @@ def time_objective(hardware: Hardware) -> Objective:
     """Predicted seconds on the hardware."""
     target = hardware.target
     return Objective(tuple(lv.bandwidth_bytes_per_s for lv in hardware.levels), True,
-                     target.registers_share_issue, caches=tuple(target.cache_bytes(i) for i in range(len(hardware.levels))))
+                     target.registers_share_issue, caches=tuple(target.cache_bytes(i) for i in range(len(hardware.levels))),
+                     norm=target.overlap_norm)
 
 
 def dv_objective(hardware: Hardware, level: int) -> Objective:

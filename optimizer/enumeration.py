@@ -2,8 +2,8 @@
 
 Levels are fixed outermost first, since DV_l depends only on levels >= l. At
 each node every (order class, tile) choice for the next level inward is costed
-at once with numpy; a child whose partial objective, max(compute, slowest link
-so far), cannot beat the k-th best plan is pruned, and the rest are visited best
+at once with numpy; a child whose partial objective (compute and the links so
+far, overlapped as the objective says), cannot beat the k-th best plan is pruned, and the rest are visited best
 first. The coarse candidate set is searched first, for at most a quarter of
 the time limit; if its best plan meets the global lower bound (compute time,
 or each level loading every tensor once) it is optimal over the fine set as
@@ -131,13 +131,15 @@ class _Search:
             # its first full level is costed.
             self.greedy = True
             try:
-                self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
+                self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0, 0.0)
             finally:
                 self.greedy = False
-        self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0)
+        self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0, 0.0)
 
-    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum, outer=()):
-        """`outer`: (DV, MU) of the levels outside `level` along this branch (effective_dv)."""
+    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum, plinks, outer=()):
+        """`pmax`, `psum`, `plinks`: the slowest, the sum and the overlap (Objective.overlap) of the
+        link times of the levels outside `level` along this branch; `outer`: their (DV, MU)
+        (effective_dv)."""
         sp = self.space
         rows = self.rows[level]
         legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
@@ -187,6 +189,7 @@ class _Search:
             registers = np.maximum(registers, self._inner_floor(1, rows, 0, held)[None, :])
         cmax = np.maximum(pmax, secs)
         csum = psum + secs
+        clinks = sp.objective.overlap(plinks, secs)
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level >= 1:
@@ -199,9 +202,9 @@ class _Search:
                 for order in orders])
             self.deadline.spend(sp.work(len(rows) * len(orders)))
         if level == 0 and shares:
-            bound = np.maximum(compute + secs, pmax)
+            bound = sp.objective.overlap(compute + secs, plinks)
         else:
-            bound = np.maximum(compute + (registers if shares else 0.0), np.maximum(cmax, inner))
+            bound = sp.objective.overlap(compute + (registers if shares else 0.0), clinks, inner)
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())
         if len(keep) == 0:
@@ -239,7 +242,7 @@ class _Search:
             here = (float(raw[o, r]) + sp.whole.standing(level, sp.n_levels - 1), float(sp.usage(level, child)))
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
-                float(cmax.flat[flat]), float(csum.flat[flat]), (here, *outer),
+                float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (here, *outer),
             )
 
 

@@ -197,7 +197,7 @@ class Space:
             times = self._registers[1]
             self.register_floor = float(np.min(times)) if times is not None and times.size else 0.0
             links = links[1:]
-        self.lower_bound = max([self.compute_seconds + self.register_floor] + links)
+        self.lower_bound = float(self.objective.overlap(self.compute_seconds + self.register_floor, *links))
 
     def _register_times(self):
         """Register tiles that fit, and for each the least register-load time it allows (seconds)."""

@@ -7,7 +7,8 @@ import pytest
 from conftest import random_affine_case, random_case
 from simulator import simulate_dv, simulate_mu
 
-from cachetile.models.costmodel import check_order, check_tiles, data_volume, memory_usage, single_level_bound
+from cachetile.models.costmodel import (check_order, check_tiles, data_volume, memory_usage, overlapped,
+                                        predicted_seconds, single_level_bound)
 from cachetile.models.workload import builtin
 
 
@@ -133,3 +134,21 @@ def test_a_stride_two_window_touches_every_other_row():
     assert dv == 2 * 3 * 4 + 2 * 3 * 1 + 8  # I: 6 blocks of 4 rows; W: 6 of 1; O: 8
     assert float(memory_usage(w, tile)) / 4 == 7 + 1 + 4  # the window I's buffer holds is 7 rows
     assert w.extents("I") == [17] and w.shape("I") == [17] and w.size("I") == 17
+
+
+def test_overlapped_times_combine_as_their_norm():
+    assert overlapped([3.0, 4.0], 2) == pytest.approx(5.0)
+    assert overlapped([3.0, 4.0, 1.0]) == 4.0  # norm inf: the slowest alone
+    assert overlapped([1e-9, 1e-9], 4) == pytest.approx(2 ** 0.25 * 1e-9)  # no underflow
+    assert overlapped([np.inf, 1.0], 4) == np.inf and overlapped([0.0, 0.0], 4) == 0.0
+    combined = overlapped([np.array([1.0, 2.0]), 2.0], 4)  # broadcasts
+    assert combined == pytest.approx([(1 + 16) ** 0.25, 32 ** 0.25])
+    # Associative: a search may combine the links it knows first.
+    assert overlapped([overlapped([1.0, 2.0], 4), 3.0], 4) == pytest.approx(overlapped([1.0, 2.0, 3.0], 4))
+
+
+def test_predicted_seconds_adds_the_register_link_to_compute_and_overlaps_the_rest():
+    best, index = predicted_seconds(1.0, [0.5, 2.0, 0.25], shares_issue=True, norm=4)
+    assert best == pytest.approx((1.5 ** 4 + 2.0 ** 4 + 0.25 ** 4) ** 0.25) and index == 1
+    best, index = predicted_seconds(1.0, [0.5, 0.75], shares_issue=True)
+    assert best == 1.5 and index == -1

@@ -33,6 +33,9 @@ class Target:
     # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
     # stopped after budget.GPU_WORK, "exact" is enumerate with the NLP solver as fallback.
     auto_strategy: ClassVar[str] = "exact"
+    # How compute and the links' times combine into a plan's time (costmodel.overlapped): their
+    # p-norm with this p. inf: they overlap perfectly, and the slowest alone sets the time.
+    overlap_norm: ClassVar[float] = float("inf")
 
     def __init__(self, hardware: Hardware | None):
         self.hardware = hardware
