@@ -54,7 +54,7 @@ class SimdCpu(Target):
     # A core's loads, stores and prefetches overlap with its arithmetic and with each other, but
     # not perfectly: each link that comes near the slowest one adds to the time. Measured on
     # llama decode 8x4096x4096: a plan whose DRAM, L2->L1 and register links each predict about
-    # 1.5 ms ran in 6.7 ms. Over 140 measured plans of 7 workloads (BENCHMARKS.md, "Overlap")
+    # 1.5 ms ran in 6.7 ms. Over 140 measured plans of 7 workloads (BENCHMARKS.md, "Night session")
     # the 4-norm ranks them better than the maximum (mean Spearman 0.675 -> 0.710), and picks
     # the same plans.
     overlap_norm = 4.0
