@@ -12,6 +12,7 @@ fastest median, so one burst of another process does not decide the pick.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import time
@@ -156,9 +157,15 @@ def _retime(w: Workload, trials: list[Trial], built: dict[int, Built], inputs, n
                                                 reference=m.reference, build_s=m.build_seconds)
 
     again([i for i in reversed(range(len(trials))) if trials[i] and trials[i].measurement])
-    ran = sorted((t.measurement.kernel_seconds, i) for i, t in enumerate(trials) if t and t.measurement)
-    leaders = [i for seconds, i in ran if seconds <= ran[0][0] * (1 + LEADERS_MARGIN)][:MAX_LEADERS]
-    again(leaders if len(leaders) > 1 else [])
+    again(_leaders({i: t.measurement.kernel_seconds for i, t in enumerate(trials) if t and t.measurement}))
+
+
+def _leaders(seconds: dict[int, float]) -> list[int]:
+    """The candidates within LEADERS_MARGIN of the fastest, at most MAX_LEADERS, fastest first;
+    none when only one is that close (nothing to decide between)."""
+    ran = sorted((s, i) for i, s in seconds.items())
+    leaders = [i for s, i in ran if s <= ran[0][0] * (1 + LEADERS_MARGIN)][:MAX_LEADERS]
+    return leaders if len(leaders) > 1 else []
 
 
 def _local(kernel: Kernel, built: Built, numpy_s: float, repeat: int, timeout: float) -> Trial:
@@ -191,8 +198,16 @@ def _remote(w, built: dict[int, Built], inputs, expected, trials, remote, target
                 done.append(name)
                 progress(len(done))
 
-        results = measure_remote(kernels, remote, timeout=timeout, repeat=repeat, on_event=on_event)
-    for i, r in zip(order, results):
+        results = dict(zip(order, measure_remote(kernels, remote, timeout=timeout, repeat=repeat, on_event=on_event)))
+        # The fleet times the candidates at once. Where servers share a machine (its caches, its
+        # memory) each timing is slowed by whatever ran beside it, which can reorder near-ties:
+        # the leaders are timed again one at a time, alone, and each keeps its faster time.
+        kernel = dict(zip(order, kernels))
+        for i in _leaders({i: r.seconds for i, r in results.items() if r.ok}):
+            alone = measure_remote([kernel[i]], remote, timeout=timeout, repeat=repeat)[0]
+            if alone.ok and alone.seconds < results[i].seconds:
+                results[i] = dataclasses.replace(results[i], seconds=alone.seconds, server=alone.server)
+    for i, r in sorted(results.items()):
         if not r.ok:
             trials[i] = Trial(error=r.error, kind=r.kind, threads=threads)
             continue

@@ -93,13 +93,28 @@ def test_addresses_parse():
     assert str(parse_rpc(" [::1]:9190:x86 ")) == "[::1]:9190:x86"
 
 
-def test_autotune_through_a_tracker_and_two_servers(fleet, tmp_path):
-    """The candidates are measured on both servers; each matches numpy there; the plan returned
-    is the fastest of them (or tied with it); the servers are free again afterwards."""
+def test_autotune_through_a_tracker_and_two_servers(fleet, tmp_path, monkeypatch):
+    """The candidates are measured on both servers, then the leaders again one at a time; each
+    matches numpy there; the plan returned is the fastest of them (or tied with it); the servers
+    are free again afterwards."""
+    from cachetile.backends import llvm_trials, rpc
+
+    calls = []
+
+    def recorded(kernels, *args, **kw):
+        calls.append([k.name for k in kernels])
+        return measure_remote(kernels, *args, **kw)
+
+    monkeypatch.setattr(rpc, "measure_remote", recorded)
     req = PlanRequest(workload=W, hardware=HOST, time_limit=3, autotune=4, rpc=str(fleet.rpc))
     with bounded(120):
         result = autotune(req)
     a = result.autotune
+    # All at once, then each leader alone (none when only one is within LEADERS_MARGIN).
+    retimed = [c[0] for c in calls[1:]]
+    assert len(calls[0]) == len(a.candidates) and all(len(c) == 1 for c in calls[1:])
+    assert len(retimed) == 0 or 2 <= len(retimed) <= llvm_trials.MAX_LEADERS
+    assert len(set(retimed)) == len(retimed) and set(retimed) <= set(calls[0])
     assert a.rpc == str(fleet.rpc) and a.measured == len(a.candidates) >= 2, a
     servers = {c.measurement.device.rsplit(" ", 1)[1] for c in a.candidates}
     assert servers == {f"127.0.0.1:{s.port}" for s in fleet.servers}
