@@ -2,15 +2,15 @@
 
 `autotune(request)` solves with enough alternatives to find the model's K best
 distinct plans, and on SIMD CPUs the best plan of each of its K best register
-tiles; it takes K of them, one per register tile first (`spread`), builds each with the hardware's backend, checks it against
-numpy and times it (here, or on a TVM RPC fleet: `request.rpc`), drops the
-plans that fail with their reason, and returns the fastest as `plan` (of those
-within TIE of the fastest, the model's best: `ranked`). The
-document is `tune --json`'s plus an `autotune` section: per candidate, its
-rank in the model's order, predicted and measured seconds, and its
-Measurement or error. `[plan, *alternatives]` are the candidates that ran,
-the returned one first, in the same order as the first entries of
-`autotune.candidates`. Each measured plan is also kept in the measurement
+tiles; it takes K of them, one per register tile first (`spread`), builds each
+with the hardware's backend, checks it against numpy and times it (here, or on
+a TVM RPC fleet: `request.rpc`), drops the plans that fail with their reason,
+and returns the fastest as `plan` (of those within TIE of the fastest, the
+model's best: `ranked`). The document is `tune --json`'s plus an `autotune`
+section: per candidate, its rank in the model's order, predicted and measured
+seconds, and its Measurement or error. `[plan, *alternatives]` are the
+candidates that ran, the returned one first, in the same order as the first
+entries of `autotune.candidates`. Each measured plan is also kept in the measurement
 store (api/measurements.py) for `models.refit`.
 """
 from __future__ import annotations
@@ -110,7 +110,7 @@ def spread(plans: list[Plan], k: int) -> list[Plan]:
 
 
 def choose_candidates(workload: Workload, hardware, k: int, solver: str = "auto", time_limit: float = 10.0,
-               stages: int | None = None, top: int = 0) -> tuple[TuneResult, list[Plan]]:
+                      stages: int | None = None, top: int = 0) -> tuple[TuneResult, list[Plan]]:
     """The solve, and the k plans to measure: distinct kernels, one per register tile first."""
     top = max(top, SOLVER_PLANS_PER_CANDIDATE * k - 1)
     result = tune(workload, hardware, solver, time_limit, top, stages, register_tiles=k)
@@ -133,7 +133,8 @@ def ranked(trials) -> list[int]:
 
 def autotune(request, progress: Progress | None = None, store=None,
              trial_timeout: float = TRIAL_TIMEOUT_S) -> AutotuneResult:
-    """Measure the model's top `request.autotune` distinct plans; return the fastest as `plan`.
+    """Measure `request.autotune` of the model's best distinct plans (`choose_candidates`); return
+    the fastest (`ranked`) as `plan`.
 
     `store` (a MeasurementStore) keeps every measured plan. Raises Unavailable when this
     machine cannot run the hardware's kernels (a GPU plan without a GPU) or the RPC tracker

@@ -36,7 +36,6 @@ and results broadcast.
 from __future__ import annotations
 
 import functools
-
 import itertools
 import math
 from typing import Mapping, Sequence

@@ -3,8 +3,8 @@
 Levels are fixed outermost first, since DV_l depends only on levels >= l. At
 each node every (order class, tile) choice for the next level inward is costed
 at once with numpy; a child whose partial objective (compute and the links so
-far, overlapped as the objective says), cannot beat the k-th best plan is pruned, and the rest are visited best
-first. The coarse candidate set is searched first, for at most a quarter of
+far, overlapped as the objective says) cannot beat the k-th best plan is
+pruned, and the rest are visited best first. The coarse candidate set is searched first, for at most a quarter of
 the time limit; if its best plan meets the global lower bound (compute time,
 or each level loading every tensor once) it is optimal over the fine set as
 well, otherwise the fine set is searched with those incumbents. Once k plans
