@@ -323,9 +323,11 @@ def per_register_tile(space: Space, deadline: Deadline, n: int) -> list[Candidat
     code generator, which the model sees least; plans that differ only in outer tiles are
     measured within a few percent of each other (BENCHMARKS.md).
     """
-    seeds = space.best_register_tiles(n) if space.objective.shares_issue else None
+    seeds = space.best_register_tiles(n)  # None unless the space ranks register tiles (SIMD CPUs)
+    if seeds is None:
+        return []
     found: list[Candidate] = []
-    for seed in [] if seeds is None else seeds:
+    for seed in seeds:
         if deadline.expired():
             break
         cap = Deadline(deadline.left(), budget.REGISTER_TILE_WORK)
