@@ -73,8 +73,9 @@ def format_hardware(hw: Hardware) -> str:
         lines.append(f"  {lv.name:<10} {_bytes(lv.capacity_bytes):>10}  filled at {_si(lv.bandwidth_bytes_per_s, 'B/s')}")
     if hw.accumulator_bytes_per_s:
         lines.append(f"  accumulators stored and reloaded at {_si(hw.accumulator_bytes_per_s, 'B/s')}")
-    if hw.parallel_region_seconds or hw.call_seconds:
-        lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}")
+    if hw.parallel_region_seconds or hw.call_seconds:  # CPU overheads (kernel_costs)
+        lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}, "
+                     f"run start from memory {_bytes(hw.run_start_bytes)} of stream")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -95,6 +96,9 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
                      _si(profile.accumulator_bandwidth.all_cores, "B/s")))
     for name, figure in profile.stream_bandwidth.items():
         rows.append((f"stream from {name}", "-", _si(figure.one_core, "B/s"), _si(figure.all_cores, "B/s")))
+    if profile.run_start_bytes:
+        rows.append(("run start (memory)", _bytes(assumed.run_start_bytes), _bytes(profile.run_start_bytes.one_core),
+                     _bytes(profile.run_start_bytes.all_cores)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

@@ -18,6 +18,9 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
 - streaming reads (8 accumulator vectors, so latency does not bind) over a
   working set sized to half of each cache level, and 4x the last level for
   memory: the link filling level l is the stream from level l+1;
+- the same memory stream read in 256-byte runs, one per 16 KiB row (what a
+  micro-kernel reading an unpacked input does): what each run's start adds,
+  in bytes of the contiguous stream;
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -130,6 +133,31 @@ def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
     return threads * reps * n * ACCUMULATORS * lanes * 4 / _median_seconds(lib, args)
 
 
+def run_start_seconds(threads: int, bytes_per_thread: int, lanes: int, run_bytes: int = 256,
+                      row_bytes: int = 16384) -> tuple[float, int]:
+    """Seconds per call and runs read (all threads) of a strided stream: each thread reads its
+    array in `run_bytes` runs, one per `row_bytes` row, column of runs after column, as a
+    micro-kernel reads an unpacked input whose register tile is narrower than its rows."""
+    import tvm
+    from tvm import te
+
+    run = run_bytes // 4
+    chunks = row_bytes // run_bytes
+    rows = max(1, bytes_per_thread // row_bytes)
+    reps = max(1, BYTES_PER_CALL // (threads * rows * row_bytes))
+    A = te.placeholder((threads, rows, chunks, run), "float32", name="A")
+    r, c, i = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, chunks), name="c"), te.reduce_axis((0, rows), name="i")
+    out = te.compute((threads, run), lambda t, v: te.sum(A[t, i, c, v], axis=[r, c, i]), name="out")
+    sch = tvm.s_tir.Schedule(te.create_prim_func([A, out]))
+    block = sch.get_sblock("out")
+    t, v, rr, cc, ii = sch.get_loops(block)
+    vo, vi = sch.split(v, factors=[None, lanes])
+    sch.reorder(t, rr, cc, ii, vo, vi)
+    lib = _per_thread_accumulators(sch, block, t, rr, [vo], vi, threads)
+    args = _tensors(np.ones((threads, rows, chunks, run), "float32"), np.zeros((threads, run), "float32"))
+    return _median_seconds(lib, args), threads * reps * rows * chunks
+
+
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
     """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
     import tvm
@@ -181,6 +209,14 @@ def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: 
     return moved / rest if rest > moved / 1e18 else 1e18  # finite "free" (JSON has no inf)
 
 
+def fit_run_start(strided: tuple[float, int], bandwidth: float, run_bytes: int = 256) -> float:
+    """Bytes of the contiguous stream (at `bandwidth` bytes/s) that each run's start costs, from
+    the strided stream's (seconds, runs) as run_start_seconds returns them; 0 when noise makes
+    the strided stream the faster."""
+    seconds, runs = strided
+    return max(seconds * bandwidth / runs - run_bytes, 0.0)
+
+
 def calibrate(progress: Progress | None = None) -> Profile:
     """Measure this machine and return its profile (not yet saved)."""
     report = progress or (lambda fraction, message: None)
@@ -192,7 +228,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     l1 = hw.levels[1].capacity_bytes if len(hw.levels) > 1 else 32768
     k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
     counts = sorted({1, cores})
-    steps = len(counts) * (3 + len(hw.levels)) + 1
+    steps = len(counts) * (4 + len(hw.levels)) + 1
     done = 0
 
     def step(message: str) -> None:
@@ -200,7 +236,8 @@ def calibrate(progress: Progress | None = None) -> Profile:
         report(done / steps, message)
         done += 1
 
-    peak, registers, accumulators, stream = {}, {}, {}, {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
+    peak, registers, accumulators, run_start = {}, {}, {}, {}
+    stream: dict[str, dict] = {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
     for threads in counts:
         runs = []
         for rows, vectors in LOADS:
@@ -220,6 +257,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
                 if name == hw.levels[-1].name:
                     size //= threads  # the last level is shared
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
+        step(f"runs from memory on {threads} core(s)")
+        run_start[threads] = fit_run_start(run_start_seconds(threads, 4 * hw.levels[-1].capacity_bytes // threads, lanes),
+                                           stream["memory"][threads])
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -236,4 +276,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(registers),
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
+        run_start_bytes=figure(run_start),
     )

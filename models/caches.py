@@ -18,8 +18,9 @@ with the vectorised dim moved last (the micro-kernel loads it as vectors). Accer
 already contiguous, in the same order, in the buffer it would copy from. In
 the packed layout every aligned block is one contiguous run, so only the
 outermost cache of each input copies anything; that one is skipped too when
-the original array already stores the block that way. Outputs accumulate in
-the register tile, filled at their level-0 key-slice.
+the original array already stores the block that way, or when each element is
+read once (`read_once`), where a copy costs more than it could save. Outputs
+accumulate in the register tile, filled at their level-0 key-slice.
 """
 from __future__ import annotations
 
@@ -166,6 +167,14 @@ def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> boo
     return contiguous and layout.run_order(block) == [(i, b) for i, b in enumerate(block) if b > 1]
 
 
+def read_once(workload: Workload, op: Op, name: str, tiles, padded) -> bool:
+    """Whether each element of input `name` reaches the registers once: every loop of the op
+    that does not index it lies whole in the register tile (a decode step's weights, m <= the
+    register tile's rows). A packed copy would then read and write every byte once more for no
+    reuse, so the micro-kernel reads the array itself (models/kernel_costs.py charges its runs)."""
+    return all(tiles[0][x] == padded[x] for x in op.loops if x not in workload.tensors[name].loops)
+
+
 @dataclass
 class CacheSite:
     """One input cache level: the decision and, when not skipped, where the emitter fills it."""
@@ -203,6 +212,7 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
                 inner_order=sorted(range(len(tdims)), key=lambda i: tdims[i] == micro[-1]),
             )
             padded_input = any(padded[x] != workload.dims[x] for x in tdims)
+            once = not padded_input and read_once(workload, op, name, tiles, padded)
             copied = False
             last_key: object = "none"
             for level in range(n - 1, 0, -1):
@@ -212,7 +222,7 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
                     skip = True  # a block of the packed layout is one contiguous run of its parent
                 else:
                     skip = not padded_input and row_major_thrifty(layout, block, [padded[x] for x in tdims])
-                skip = skip or key == last_key
+                skip = skip or key == last_key or once
                 sites.append(CacheSite(op.name, name, level, key, skip, layout))
                 if not skip:
                     copied, last_key = True, key

@@ -76,6 +76,10 @@ class Hardware(BaseModel):
                     "ways), when a loop runs between its reduction steps; none: the registers' fill bandwidth")
     parallel_region_seconds: float = Field(0.0, ge=0, allow_inf_nan=False,
                                            description="cost of entering one parallel loop (CPU thread pool)")
+    run_start_bytes: float = Field(
+        128.0, ge=0, allow_inf_nan=False,
+        description="CPU: what starting a contiguous run costs a stream from memory, in bytes of that stream "
+                    "(an unpacked input read in runs shorter than its rows); assumed two cache lines until calibrated")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -282,6 +286,7 @@ def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
         "accumulator_bytes_per_s": profile.accumulator_bandwidth.all_cores * bandwidth.get(hardware.levels[0].name, 1.0)
                                    if profile.accumulator_bandwidth else None,  # the register link, as refitted
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
+        **({"run_start_bytes": profile.run_start_bytes.all_cores} if profile.run_start_bytes else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

@@ -8,6 +8,11 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
 - an output that must resume from its running sum across a reduction loop
   accumulates in a contiguous buffer of its block, or in place, zeroed first by
   a pass of its own when it is the kernel's output (models/caches.output_plan);
+- inputs read from their array unpacked (models/caches.read_once) and too large
+  for any cache: the micro-kernel streams them from memory in runs as long as
+  the walk keeps contiguous (`contiguous_run`), and each run's start costs the
+  stream `run_start_bytes` more (calibrated: 256-byte runs on Zen 5 stream at
+  0.7x, 64-byte runs at 0.26x the contiguous rate on both cores);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;
@@ -27,7 +32,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .caches import effective_tiles, holder_block, input_caches, outer_shared, output_plan, trips, walk
+from .caches import effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .workload import Workload
@@ -45,6 +50,8 @@ class KernelCosts:
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer)
     copies: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # inputs streamed unpacked from memory: (tensor, contiguous runs read, elements per run)
+    runs: list[tuple[str, float, int]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
@@ -98,6 +105,22 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copies.append((site.tensor, site.level, nbytes, block * elem))
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
+    copied = {site.tensor for site in copies}
+    for op in workload.ops:
+        streamed = False
+        for name in op.inputs:
+            t = workload.tensors[name]
+            size = workload.size(name) * elem
+            if t.role != "input" or not t.plain or name in copied or size <= hardware.levels[-1].capacity_bytes:
+                continue
+            run = contiguous_run(workload, orders, op, name, eff, padded)
+            runs = workload.size(name) / run
+            costs.runs.append((name, runs, run))
+            costs.copy_seconds += stream(runs * hardware.run_start_bytes, size)
+            streamed = True
+        if streamed:  # the accumulators' stores hold the stream back: as much as their own bytes would
+            reloaded = _reloaded_elements(workload, orders, op, eff, padded) * elem
+            costs.copy_seconds += stream(reloaded, math.inf)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
@@ -120,6 +143,46 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:
+    """Elements of the op's output register tile loaded back from memory over the kernel: its
+    fills (one per trip of the walk down to its key-slice) beyond the first of each tile."""
+    key, _ = output_tile(workload, orders, op, tiles, padded)
+    if key is None:
+        return 0.0
+    positions = walk(workload, orders, op)
+    fills = _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(key) + 1])
+    out = workload.tensors[op.output].dims
+    block = _prod(tiles[0][x] for x in out)
+    return max(fills * block - _prod(padded[x] for x in out), 0.0)
+
+
+def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> int:
+    """Elements in each contiguous run of input `name`'s row-major array as the op's walk reads
+    it unpacked (tiles effective): its register-tile block's run, grown while the loops around
+    the tile move a block that is one run on to the adjacent one."""
+    dims = workload.tensors[name].dims
+    full = [padded[x] for x in dims]
+
+    def run(block) -> int:
+        elements = 1
+        for b, f in zip(reversed(block), reversed(full)):
+            elements *= b
+            if b < f:
+                break
+        return elements
+
+    block = [tiles[0][x] for x in dims]
+    for x, j in reversed(walk(workload, orders, op)):
+        t = trips(tiles, padded, x, j)
+        if x not in dims or t == 1:
+            continue  # the same block again (from the caches), or no move
+        grown = [b * t if d == x else b for b, d in zip(block, dims)]
+        if run(block) != math.prod(block) or run(grown) != math.prod(grown):
+            break  # the next block does not continue this one's run
+        block = grown
+    return run(block)
 
 
 def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:

@@ -67,6 +67,9 @@ class Profile(BaseModel):
         description="per level name, bytes/s of the link filling it: the stream from the next level out "
                     "(memory for the outermost); for the registers, register_bandwidth")
     parallel_region_seconds: float = Field(description="cost of entering one parallel loop (TVM's thread pool)")
+    run_start_bytes: Figure | None = Field(
+        None, description="what each run start costs a strided stream from memory (256-byte runs, one per "
+                          "16 KiB row), in bytes of the contiguous stream; none in older profiles: assumed")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")

@@ -214,19 +214,20 @@ class _Search:
         keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
-            # The kernel's serial costs (copies, regions) are known only now that every level is
-            # fixed; they differ little between register tiles, so they are costed once per order.
-            serial = {}
+            # The kernel's serial costs (copies, regions, unpacked runs) are known only now that
+            # every level is fixed; the register tile decides which inputs are read once, unpacked.
+            costed = set()
             for flat in keep[: LEAF_ROWS * self.best.k]:
                 if float(bound.flat[flat]) > self.best.worst_primary():
                     break  # sorted by bound, and the serial costs only add
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-                if o not in serial:
-                    serial[o] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                serial = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                if o not in costed:
+                    costed.add(o)
                     self.deadline.spend(sp.work(levels=sp.n_levels))
-                key = (float(bound.flat[flat]) + serial[o], float(cmax.flat[flat]), float(csum.flat[flat]))
+                key = (float(bound.flat[flat]) + serial, float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
         for flat in keep[: self.beam]:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import LOADS, fit_accumulators, fit_peak_and_registers
+from cachetile.backends.calibrate import LOADS, fit_accumulators, fit_peak_and_registers, fit_run_start
 from cachetile.models.hardware import host, host_key
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
 
@@ -20,7 +20,8 @@ def _profile(key: str) -> Profile:
                    peak_flops=Figure(one_core=2.5e11, all_cores=5e11), register_bandwidth=fill[hw.levels[0].name],
                    accumulator_bandwidth=Figure(one_core=6e11, all_cores=1.2e12),
                    stream_bandwidth={"L1": Figure(one_core=4e11, all_cores=8e11)}, fill_bandwidth=fill,
-                   parallel_region_seconds=1.5e-6, call_seconds=2e-8)
+                   parallel_region_seconds=1.5e-6, call_seconds=2e-8,
+                   run_start_bytes=Figure(one_core=300.0, all_cores=80.0))
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -34,6 +35,7 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert [lv.bandwidth_bytes_per_s for lv in hw.levels] == [2e11 * (i + 1) for i in range(len(hw.levels))]
     assert (hw.parallel_region_seconds, hw.call_seconds) == (1.5e-6, 2e-8)
     assert hw.accumulator_bytes_per_s == 1.2e12 and assumed.accumulator_bytes_per_s is None
+    assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -108,3 +110,10 @@ def test_timings_that_noise_inverted_still_give_finite_figures():
     peak, bandwidth = fit_peak_and_registers(*runs, 16, vector_bytes)
     assert np.isfinite(bandwidth) and bandwidth > 0
     assert peak == pytest.approx(max(f / s for s, f, _ in runs))
+
+
+def test_a_run_start_costs_what_the_strided_stream_adds_in_bytes():
+    """A strided stream of 1000 runs of 256 B at 1e11 B/s that took 300 B per run of stream time
+    costs 44 B per run start; a strided stream that noise made faster costs none."""
+    assert fit_run_start((1000 * 300 / 1e11, 1000), 1e11) == pytest.approx(44.0, rel=1e-9)
+    assert fit_run_start((1000 * 200 / 1e11, 1000), 1e11) == 0.0

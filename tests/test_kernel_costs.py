@@ -130,3 +130,54 @@ def test_a_cache_moves_no_more_than_a_fitting_outer_tile_and_a_chain_adds_its_in
     assert whole.dv == (64 * 32 + 32 * 48 + 64 * 48 + 48 * 16 + 64 * 16) * 4
     assert whole.intermediates == 2 * 64 * 48 * 4
     assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), HOST).intermediates == 0.0
+
+
+def _streaming_hardware(run_start_bytes: float) -> Hardware:
+    """Registers, L1 and a 1 MiB L2 filled from memory at 1e11 B/s."""
+    return Hardware(name="cpu", peak_flops=4e11, cores=2, vector_bytes=64, run_start_bytes=run_start_bytes, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
+        Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e11, ways=16)])
+
+
+# A decode-like gemm whose register tile holds every row of C: each element of B (2 MiB, more
+# than L2 holds) reaches the registers once. Register tiles 2x64 walk n (4 trips) inside each
+# 256-wide, one-row L1 tile, and k (32 trips) then n (4) inside the L2 tile.
+DECODE = builtin("gemm", {"m": 2, "n": 1024, "k": 512})
+DECODE_ORDERS = [["n", "k", "m"]] * 3
+DECODE_TILES = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 1}, {"m": 2, "n": 1024, "k": 32}]
+
+
+def test_an_input_read_once_is_streamed_unpacked_in_runs():
+    """B is not packed at any level; the walk reads it in runs of 256 elements (the four
+    register tiles of an L1 tile continue one row; the next k step starts another), each run
+    costing run_start_bytes of the memory stream. The accumulators reloaded at every k step
+    cost the stream their own bytes: C's 2x64 tiles are filled 16 x 4 x 32 x 4 times, once
+    each would be 2 x 1024 elements."""
+    plain, costly = (kernel_costs(DECODE, _streaming_hardware(b), DECODE_ORDERS, DECODE_TILES) for b in (0.0, 100.0))
+    assert "B" not in {tensor for tensor, *_ in plain.copies}
+    assert plain.runs == [("B", 512 * 1024 / 256, 256)]
+    reloaded = (16 * 4 * 32 * 4 * 2 * 64 - 2 * 1024) * 4
+    assert plain.stream_bytes[-1] == reloaded
+    assert costly.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 100.0
+    assert costly.copy_seconds - plain.copy_seconds == pytest.approx(2048 * 100.0 / 1e11, rel=1e-12)
+
+
+def test_an_input_read_once_is_packed_when_rows_of_the_tile_share_it():
+    """With two register tiles along m, each element of B reaches the registers twice: packed
+    (at L1, whose 2x256 blocks are not contiguous in B)."""
+    tiles = [{"m": 1, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 2}, {"m": 2, "n": 1024, "k": 32}]
+    costs = kernel_costs(DECODE, _streaming_hardware(100.0), DECODE_ORDERS, tiles)
+    assert "B" in {tensor for tensor, *_ in costs.copies} and costs.runs == []
+
+
+def test_a_kernel_reading_an_input_unpacked_matches_numpy():
+    """The emitted kernel reads B straight from its array (no B cache block) and is right."""
+    from cachetile.backends.llvm_measure import check
+
+    hw = _streaming_hardware(100.0)
+    w = builtin("gemm", {"m": 3, "n": 192, "k": 37})
+    tiles = [{"m": 3, "n": 64, "k": 1}, {"m": 3, "n": 192, "k": 1}, {"m": 3, "n": 192, "k": 37}]
+    built = build(w, hw, make_plan(w, hw, [["n", "k", "m"]] * 3, tiles))
+    assert not [name for name in block_runs(built.emitted.schedule.mod["main"].body) if name.startswith("B")]
+    assert check(w, built.lib) < 1e-3

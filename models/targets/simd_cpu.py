@@ -126,7 +126,9 @@ class SimdCpu(Target):
                 if weights[(op.name, name)] > 1:
                     total = total + lanes * _window_registers(workload, name, out, tile)
                 else:
-                    total = total + workload.block(name, tile, within=out)
+                    # A vector that no other row of the tile reuses goes straight into its FMA.
+                    reused = math.prod(tile[x] for x in out if x not in workload.tensors[name].loops) > 1
+                    total = total + np.where(reused, workload.block(name, tile, within=out), lanes)
             worst = np.maximum(worst, total)
         return np.asarray(worst) * workload.elem_bytes
 
