@@ -333,7 +333,8 @@ def around_each(space: Space, deadline: Deadline, top: int, work: float) -> Solv
     best, evaluated = TopK(max(top, 1)), 0
     for seed in seeds:
         cap = Deadline(deadline.left() * budget.ENUMERATE_SHARE, work / len(seeds))
-        evaluated += seeded(space, deadline, top, cap, seed[None], best).evaluated  # the best so far prunes
+        # Once a plan is held, even the greedy dive stops at the cap; the best so far prunes.
+        evaluated += seeded(space, cap if best.items else deadline, top, cap, seed[None], best).evaluated
     if not best.items:
         return SolveResult("timeout", [], evaluated)
     status = "optimal" if space.meets_lower_bound(best.items[0].key[0]) else "feasible"
