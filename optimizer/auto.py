@@ -2,16 +2,16 @@
 
 On SIMD CPUs the register tile decides most of the time and full enumeration
 rarely proves optimality within seconds (the lower bound assumes the best
-register tile with ideal outer levels), so `auto` searches around each of the
-best register tiles alone (enumeration.around_each) for at most budget.SEED_WORK units of work
-in all, and returns the best plan found there (`feasible`, or `optimal` within the gap of the lower
+register tile with ideal outer levels), so `auto` first searches around the
+best register tiles (enumeration.seeded) for at most budget.SEED_WORK units of work and returns
+the best plan found there (`feasible`, or `optimal` within the gap of the lower
 bound); `enumerate` itself still searches the whole space. On GPUs `auto`
 is enumerate stopped after budget.GPU_WORK units of work.
 """
 from __future__ import annotations
 
 from . import budget
-from .enumeration import around_each
+from .enumeration import seeded
 from .registry import SOLVERS, Deadline, SolveResult, TopK, register
 from .space import Space
 
@@ -24,9 +24,9 @@ def solve(space: Space, deadline: Deadline, top: int) -> SolveResult:
             return SolveResult("feasible", result.plans, result.evaluated)
         return result
     if space.target.auto_strategy == "seeded" and space.objective.shares_issue:
-        fast = around_each(space, deadline, top, budget.SEED_WORK)
+        fast = seeded(space, deadline, top, cap=Deadline(deadline.left() * budget.ENUMERATE_SHARE, budget.SEED_WORK))
         if fast.plans:
-            return fast
+            return SolveResult("optimal" if fast.status == "optimal" else "feasible", fast.plans, fast.evaluated)
     first = Deadline(max(deadline.left() * budget.ENUMERATE_SHARE, 0.0))
     result = SOLVERS["enumerate"](space, first, top)
     if result.status != "timeout" or deadline.left() <= 0.1:

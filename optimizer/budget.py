@@ -17,9 +17,10 @@ ENUMERATE_SHARE = 0.6  # auto: enumeration is exact and usually fastest; the res
 # of a gemm over ROWS_PER_UNIT candidate tiles or fewer, scaled by the terms a workload's call
 # sums; on the AMD EPYC of BENCHMARKS.md a second is 1,000 to 3,000 units.
 ROWS_PER_UNIT = 4000
-# auto on SIMD CPUs: the widening passes around each of the best register tiles, shared equally
-# (enumeration.around_each); their greedy dives may take longer. The CLI must answer a 1024^3
-# GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
+# auto on SIMD CPUs: the widening passes around the best register tiles (enumeration.seeded);
+# their greedy dive may take longer. Plans found within 0.4 s matched those of 4 s passes
+# within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
+# 1024^3 GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
 SEED_WORK = 700.0
 # tune(register_tiles=n), for autotuning: the search around each register tile alone
 # (enumeration.per_register_tile), about 0.1 s each.

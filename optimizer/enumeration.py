@@ -214,21 +214,20 @@ class _Search:
         keep = keep[np.lexsort((-volume[keep], csum.ravel()[keep], guide.ravel()[keep], bound.ravel()[keep]))]
         n_rows = len(rows)
         if level == 0:
-            # The kernel's serial costs (copies, regions) are known only now that every level is
-            # fixed; they differ little between register tiles, so they are costed once per order,
-            # but for register tiles that hold an input's every reuse (it streams unpacked).
-            serial = {}
+            # The kernel's serial costs (copies, regions, unpacked runs) are known only now that
+            # every level is fixed; the register tile decides which inputs are read once, unpacked.
+            costed = set()
             for flat in keep[: LEAF_ROWS * self.best.k]:
                 if float(bound.flat[flat]) > self.best.worst_primary():
                     break  # sorted by bound, and the serial costs only add
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-                costed = (o, r if sp.reads_once(rows[r]) else None)
-                if costed not in serial:
-                    serial[costed] = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                serial = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                if o not in costed:
+                    costed.add(o)
                     self.deadline.spend(sp.work(levels=sp.n_levels))
-                key = (float(bound.flat[flat]) + serial[costed], float(cmax.flat[flat]), float(csum.flat[flat]))
+                key = (float(bound.flat[flat]) + serial, float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
         for flat in keep[: self.beam]:
@@ -280,7 +279,7 @@ BEAMS = (1, 2, 4, 8)  # children per node the seeded passes visit, in turn
 
 
 def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = None,
-           seeds: np.ndarray | None = None, best: TopK | None = None) -> SolveResult:
+           seeds: np.ndarray | None = None) -> SolveResult:
     """The fast path on SIMD CPUs: search only around the best register tiles (`_ladders`),
     visiting at most BEAMS[i] children of each node, for i = 0, 1, ... while time lasts.
 
@@ -293,12 +292,11 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     load). `optimal` when the best plan is within OPTIMALITY_GAP of the lower bound,
     `feasible` when the widest beam ran to the end, else `timeout`. `seeds`: the register
     tiles to search around, rows in `Space.loops` order (default: the REGISTER_SEEDS best).
-    `best`: plans found before, which prune this search, and which it adds to.
     """
     wider = cap if cap is not None else deadline
     if seeds is None:
         seeds = space.best_register_tiles(REGISTER_SEEDS)
-    best = best if best is not None else TopK(max(top, 1))
+    best = TopK(max(top, 1))
     if seeds is None:
         return SolveResult("timeout", [], 0, "too many register tiles to rank")
     around, seeds = _ladders(space, seeds)
@@ -315,29 +313,6 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
             break
     if best.items and space.meets_lower_bound(best.items[0].key[0]):
         status = "optimal"
-    return SolveResult(status, best.items, evaluated)
-
-
-def around_each(space: Space, deadline: Deadline, top: int, work: float) -> SolveResult:
-    """`seeded` around each of the REGISTER_SEEDS best register tiles alone, the searches sharing
-    `work` units equally (each also within 60% of `deadline`), merged best first.
-
-    One search around all the seeds at once spends its widening passes on the outer tiles that
-    suit the first seeds; alone, each seed gets outer tiles that suit it. On 11 GEMMs and chains
-    this found plans predicted up to 17% faster for the same work, and measured 0.79-1.04x
-    the joint search's kernels (BENCHMARKS.md).
-    """
-    seeds = space.best_register_tiles(REGISTER_SEEDS)
-    if seeds is None:
-        return SolveResult("timeout", [], 0, "too many register tiles to rank")
-    best, evaluated = TopK(max(top, 1)), 0
-    for seed in seeds:
-        cap = Deadline(deadline.left() * budget.ENUMERATE_SHARE, work / len(seeds))
-        # Once a plan is held, even the greedy dive stops at the cap; the best so far prunes.
-        evaluated += seeded(space, cap if best.items else deadline, top, cap, seed[None], best).evaluated
-    if not best.items:
-        return SolveResult("timeout", [], evaluated)
-    status = "optimal" if space.meets_lower_bound(best.items[0].key[0]) else "feasible"
     return SolveResult(status, best.items, evaluated)
 
 

@@ -248,13 +248,6 @@ class Space:
             orders.append(tuple(sorted(order, key=place)))
         return dataclasses.replace(cand, orders=tuple(orders))
 
-    def reads_once(self, row) -> bool:
-        """Whether a register tile (a row in `loops` order) spans every loop of an op that does
-        not index one of its inputs, which is then read once, unpacked (models/caches.read_once)."""
-        tile = dict(zip(self.loops, row))
-        return any(all(tile[x] >= self.workload.dims[x] for x in op.loops if x not in self.workload.tensors[name].loops)
-                   for op in self.workload.ops for name in op.inputs)
-
     def serial_seconds(self, orders, tiles) -> np.ndarray | float:
         """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
         tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest."""

@@ -94,9 +94,7 @@ def test_tune_register_tiles_adds_the_best_plan_of_each_register_tile():
     plain, wide = tune(w, HOST, top=7), tune(w, HOST, top=7, register_tiles=6)
     tiles = {tuple(p.levels[0].tile.values()) for p in [wide.plan, *wide.alternatives]}
     assert len(tiles) >= 6
-    # The extra searches (more work around each tile) add alternatives, and may find a better plan.
-    assert wide.plan.predicted_seconds <= plain.plan.predicted_seconds
-    assert plain.plan.predicted_seconds in [p.predicted_seconds for p in [wide.plan, *wide.alternatives]]
+    assert wide.plan == plain.plan  # the extra searches only add alternatives
     predicted = [p.predicted_seconds for p in [wide.plan, *wide.alternatives]]
     assert predicted == sorted(predicted)
     with pytest.raises(InvalidInput, match=r"^register_tiles must be an integer >= 0, got -1$"):
