@@ -224,8 +224,8 @@ class _Search:
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
                 serial = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
-                if o not in costed:
-                    costed.add(o)
+                if o not in costed:  # counted once per order, as when it was costed once per order:
+                    costed.add(o)  # the work budget, and so the plans it reaches, stay as they were
                     self.deadline.spend(sp.work(levels=sp.n_levels))
                 key = (float(bound.flat[flat]) + serial, float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
