@@ -107,7 +107,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
     copied = {site.tensor for site in copies}
     for op in workload.ops:
-        streamed = False
+        streamed = 0.0  # bytes of the largest input the op streams unpacked from memory
         for name in op.inputs:
             t = workload.tensors[name]
             size = workload.size(name) * elem
@@ -117,10 +117,10 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * hardware.run_start_bytes, size)
-            streamed = True
-        if streamed:  # the accumulators' stores hold the stream back: as much as their own bytes would
+            streamed = max(streamed, size)
+        if streamed:  # the accumulators' stores hold that stream back: as much as their own bytes would
             reloaded = _reloaded_elements(workload, orders, op, eff, padded) * elem
-            costs.copy_seconds += stream(reloaded, math.inf)
+            costs.copy_seconds += stream(reloaded, streamed)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
