@@ -96,7 +96,9 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
         first = top - 1 if outer_shared(workload, op, (x, top), top) else top
         levels = list(range(first, -1, -1))
         factors = [trips(tiles, padded, x, j) for j in levels] + [tiles[0][x]]
-        parts = sch.split(loop, factors=factors)
+        # A chain's one-trip loops stay out of the bindings, so a consumer's reduction loops above
+        # its producer do not hold its init there (_zero_tile).
+        parts = sch.split(loop, factors=factors, preserve_unit_iters=len(workload.ops) == 1)
         for j, part in zip(levels + [-1], parts):
             nests.loops[(op.name, (x, j))] = part
     plan = output_plan(workload, orders, op, tiles, padded)
@@ -262,7 +264,10 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
     init left in the block is a branch in every step, and LLVM then keeps most accumulators in
     memory (gemm 197x2304x768 with 11x32 tiles: 18 of 22 stored and reloaded at every k step,
     3.2 ms against 1.7 ms). TensorIR decomposes only above every reduction loop, so reduction
-    loops of one trip above the tile's key-slice move below it first (a no-op on the loop nest)."""
+    loops of one trip above the tile's key-slice move below it first (a no-op on the loop nest).
+    Where they cannot move (a fused chain's consumer has them above its producer), they are out
+    of the bindings (_tile) and the init goes under the key as it is: MobileNet's depthwise +
+    pointwise with 1x6x64 tiles ran in 1110 us with the init left in the block, 554 without."""
     loops = sch.get_loops(block)
     srefs = [sch.get(lp) for lp in loops]
     below = 0
@@ -281,7 +286,10 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
             below -= len(above)  # now the first moved loop, right under the key
         zero = sch.decompose_reduction(block, sch.get_loops(block)[below])
     except s_tir.ScheduleError:
-        return  # a cache attached between the loops: the init stays in the block
+        try:  # a producer between the loops: the one-trip loops stay above it
+            zero = sch.decompose_reduction(block, loops[below])
+        except s_tir.ScheduleError:
+            return  # a cache attached between the loops: the init stays in the block
     _vectorize(sch, sch.get_loops(zero)[-1], lanes)
 
 
