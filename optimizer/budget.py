@@ -28,8 +28,11 @@ REGISTER_TILE_WORK = 200.0
 # auto on GPUs: many launches come within a few percent of each other (wave quantisation), so
 # proving the best takes long; enumerate's best plan after this much work (about 1.5 s) is returned.
 GPU_WORK = 2500.0
-# tune: polishing breaks ties and trims data movement, so it gets a short slice (about 0.15 s).
-POLISH_WORK = 250.0
+# tune: polishing breaks ties, trims data movement and re-tiles whole levels, so it gets a short
+# slice (about 0.3 s). A round of a convolution chain's polish costs about 300 units (its order
+# classes and the levels' re-tilings); 250 stopped MobileNet's dw+pw after one round, at a plan
+# predicted 14% slower than the next round's.
+POLISH_WORK = 500.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 
 from .registry import Candidate, Deadline, score
-from .space import Space
+from .space import Space, divisors
 
 
 # Single-candidate shrinks before repair scales every tile of a level at once: enough for a
@@ -153,31 +153,67 @@ def _tile_moves(space: Space, tiles: list[dict[str, int]]) -> list[tuple[tuple[i
     return sorted(moved)
 
 
+LEVEL_GRID = 2048  # largest set of one level's re-tilings (_level_moves) a polish costs
+LADDER = 4  # small multiples of the inner level's tile a re-tiling offers
+LEVEL_KEEP = 24  # re-tilings per level, best without serial costs, that are costed in full
+
+
+def _level_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: Deadline) -> list:
+    """Plans that re-tile one cache level at once, the others fixed: each loop's tile among
+    small multiples of the inner level's tile, the divisors of the extent it divides, and the
+    outer level's tile; per level the LEVEL_KEEP best without the serial costs (costed one plan
+    at a time, they would take most of a second). Single moves stall where a better plan is
+    several steps away across worse ones: a fused depthwise + pointwise chain's L1 tile must
+    take the whole reduction of the pointwise op (so its accumulators stay in registers) and
+    halve its output channels (so its weights still fit) in one step."""
+    loops, n, dims = space.loops, space.n_levels, space.workload.dims
+    moved = []
+    for j in range(1, n):
+        parent = tiles[j + 1] if j + 1 < n else dims
+        options = []
+        for x in loops:
+            inner = tiles[j - 1][x]
+            values = {inner * m for m in range(1, LADDER + 1)} | {parent[x]}
+            values |= {d for d in divisors(dims[x]) if d % inner == 0}
+            values = np.array(sorted(v for v in values if v <= parent[x]), dtype=np.int64)
+            ok = space.legal(x, values, parent[x], j) & space.legal(x, np.int64(inner), values, j - 1)
+            options.append(values[ok])
+        if math.prod(len(o) for o in options) > LEVEL_GRID:
+            continue
+        grid = [g.ravel() for g in np.meshgrid(*options, indexing="ij")]
+        trial = [{x: np.full(len(grid[0]), t[x]) for x in loops} for t in tiles]
+        trial[j] = dict(zip(loops, grid))
+        pred, _, _, ok = score(space, orders, trial, serial=False)
+        deadline.spend(space.work(len(grid[0]), n))
+        rows = np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
+        for r in rows[np.argsort(pred[rows], kind="stable")[:LEVEL_KEEP]]:
+            new = [tuple(t[y] for y in loops) for t in tiles]
+            new[j] = tuple(int(g[r]) for g in grid)
+            moved.append(tuple(new))
+    return moved
+
+
 def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) -> Candidate:
     """Improve `cand`'s ranking key by single moves until none helps or time runs short.
 
     Phase 1 takes the move that improves the key most; a move that keeps the key
     but frees capacity counts as an improvement too, since it opens the way for
-    the next one (shrink k so that m and n can grow). Phase 2 then grows tiles
-    wherever the key does not get worse: when the model is indifferent, fuller
-    levels are the better bet for real code.
+    the next one (shrink k so that m and n can grow); its first round also tries
+    re-tiling one whole level (_level_moves). Phase 2 then grows tiles wherever the
+    key does not get worse: when the model is indifferent, fuller levels are the
+    better bet for real code.
     """
     loops, n = space.loops, space.n_levels
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
     for grow in (False, True) if space.target.polish_grows else (False,):
-        for _ in range(rounds):
+        for round_ in range(rounds):
             if deadline.expired():
                 return best
             tiles = best.tile_dicts(loops)
-            options = []  # (key, fill, orders, tiles)
             moves = _tile_moves(space, tiles)
-            if moves:
-                arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(n)]
-                pred, mmax, msum, ok = score(space, best.orders, arrays)
-                deadline.spend(space.work(len(moves), space.n_levels))
-                fill = _fill(space, arrays)
-                options += [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), best.orders, moves[m])
-                            for m in np.flatnonzero(ok)]
+            if not grow:
+                moves = sorted(set(moves) | set(_level_moves(space, best.orders, tiles, deadline)))
+            options = _scored(space, best.orders, moves, deadline)
             if not grow:
                 for j in range(n):
                     for order in space.orders:
@@ -191,9 +227,25 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                 options = [o for o in options if _compare(o[0], best.key) <= 0 and o[1] > best_fill]
                 pick = max(options, key=lambda o: (-o[0][0], -o[0][1], -o[0][2], o[1]), default=None)
             else:
-                options = [o for o in options if (o[0], o[1]) < (best.key, best_fill)]
-                pick = min(options, key=lambda o: (o[0], o[1]), default=None)
+                pick = _best_gain(options, best, best_fill)
             if pick is None:
                 break
             best, best_fill = Candidate(pick[2], pick[3], pick[0]), pick[1]
     return best
+
+
+def _scored(space: Space, orders, moves, deadline: Deadline) -> list:
+    """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles)."""
+    if not moves:
+        return []
+    loops = space.loops
+    arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(space.n_levels)]
+    pred, mmax, msum, ok = score(space, orders, arrays)
+    deadline.spend(space.work(len(moves), space.n_levels))
+    fill = _fill(space, arrays)
+    return [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), orders, moves[m]) for m in np.flatnonzero(ok)]
+
+
+def _best_gain(options, best: Candidate, best_fill: float):
+    """The option that improves (key, fill) most over the incumbent's, or None."""
+    return min((o for o in options if (o[0], o[1]) < (best.key, best_fill)), key=lambda o: (o[0], o[1]), default=None)

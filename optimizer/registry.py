@@ -99,8 +99,9 @@ class TopK:
         return self.items[-1].key[0] if len(self.items) >= self.k else np.inf
 
 
-def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays)."""
+def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays);
+    serial=False leaves out the kernel's serial costs, which are costed one plan at a time."""
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
     secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole)
@@ -113,7 +114,7 @@ def score(space: Space, orders, tiles) -> tuple[np.ndarray, np.ndarray, np.ndarr
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.launchable(tiles)
-    serial = space.serial_seconds(orders, tiles)
+    serial = space.serial_seconds(orders, tiles) if serial else 0.0
     predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs, serial)
     return predicted, memmax, memsum, feasible
 
