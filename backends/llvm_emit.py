@@ -279,6 +279,7 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
     above = [i for i in range(below) if any(srefs[i].same_as(r) for r in reductions)]
     if any(srefs[i].extent.value != 1 for i in above):
         return  # the output_plan contract: a reduction running above the key has a holder instead
+    under_key = loops[below]
     try:
         if above:
             chain = list(range(above[0], below))
@@ -287,7 +288,7 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
         zero = sch.decompose_reduction(block, sch.get_loops(block)[below])
     except s_tir.ScheduleError:
         try:  # a producer between the loops: the one-trip loops stay above it
-            zero = sch.decompose_reduction(block, loops[below])
+            zero = sch.decompose_reduction(block, under_key)
         except s_tir.ScheduleError:
             return  # a cache attached between the loops: the init stays in the block
     _vectorize(sch, sch.get_loops(zero)[-1], lanes)

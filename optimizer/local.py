@@ -198,15 +198,15 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
 
     Phase 1 takes the move that improves the key most; a move that keeps the key
     but frees capacity counts as an improvement too, since it opens the way for
-    the next one (shrink k so that m and n can grow); its first round also tries
-    re-tiling one whole level (_level_moves). Phase 2 then grows tiles wherever the
+    the next one (shrink k so that m and n can grow); each of its rounds also
+    tries re-tiling one whole level (_level_moves). Phase 2 then grows tiles wherever the
     key does not get worse: when the model is indifferent, fuller levels are the
     better bet for real code.
     """
     loops, n = space.loops, space.n_levels
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
     for grow in (False, True) if space.target.polish_grows else (False,):
-        for round_ in range(rounds):
+        for _ in range(rounds):
             if deadline.expired():
                 return best
             tiles = best.tile_dicts(loops)
