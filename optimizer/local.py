@@ -186,10 +186,11 @@ def _level_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: De
         pred, _, _, ok = score(space, orders, trial, serial=False)
         deadline.spend(space.work(len(grid[0]), n))
         rows = np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
+        now = [tuple(t[y] for y in loops) for t in tiles]
         for r in rows[np.argsort(pred[rows], kind="stable")[:LEVEL_KEEP]]:
-            new = [tuple(t[y] for y in loops) for t in tiles]
-            new[j] = tuple(int(g[r]) for g in grid)
-            moved.append(tuple(new))
+            tile = tuple(int(g[r]) for g in grid)
+            if tile != now[j]:  # the plan itself may rank among them
+                moved.append(tuple(now[:j] + [tile] + now[j + 1:]))
     return moved
 
 

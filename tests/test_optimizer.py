@@ -135,3 +135,31 @@ def test_huge_extent_falls_back_to_the_coarse_grid():
     assert space.grid_size() > 4_000_000
     result = SOLVERS["enumerate"](space, Deadline(20), 1)
     assert result.status in ("optimal", "feasible") and result.plans
+
+
+def test_level_moves_retile_one_whole_level_within_its_neighbours():
+    """The polish's re-tilings (local._level_moves): each changes one cache level only, may
+    change several of its loops at once (what single moves cannot), and keeps every level
+    nested in the one above; polishing never returns a worse plan than it was given."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer.local import _level_moves, polish
+    from cachetile.optimizer.registry import Candidate, rescore
+
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    space = Space(w, hardware_from(SIMD))
+    orders = [("m", "n", "k")] * space.n_levels
+    tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 8, "n": 64, "k": 64}, {"m": 32, "n": 128, "k": 509},
+             {"m": 127, "n": 251, "k": 509}]
+    moves = _level_moves(space, orders, tiles, Deadline(60))
+    old = tuple(tuple(t[x] for x in space.loops) for t in tiles)
+    assert moves
+    for move in moves:
+        changed = [j for j in range(space.n_levels) if move[j] != old[j]]
+        assert len(changed) == 1 and changed[0] >= 1
+        for j in range(space.n_levels):
+            parent = move[j + 1] if j + 1 < space.n_levels else [w.dims[x] for x in space.loops]
+            assert all(space.legal(x, move[j][i], parent[i], j) for i, x in enumerate(space.loops))
+    assert any(sum(a != b for a, b in zip(move[j], old[j])) >= 2 for move in moves for j in range(space.n_levels))
+    start = rescore(space, Candidate(tuple(orders), old, (0.0, 0.0, 0.0)))
+    assert polish(space, start, Deadline(60, 500.0)).key <= start.key
