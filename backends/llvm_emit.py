@@ -97,7 +97,8 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
         levels = list(range(first, -1, -1))
         factors = [trips(tiles, padded, x, j) for j in levels] + [tiles[0][x]]
         # A chain's one-trip loops stay out of the bindings, so a consumer's reduction loops above
-        # its producer do not hold its init there (_zero_tile).
+        # its producer do not hold its init there (_zero_tile). A single op keeps them: it can
+        # move them under its key instead, and unbound, gemm's zeroed tile could not be vectorised.
         parts = sch.split(loop, factors=factors, preserve_unit_iters=len(workload.ops) == 1)
         for j, part in zip(levels + [-1], parts):
             nests.loops[(op.name, (x, j))] = part

@@ -92,11 +92,7 @@ def refit(space: Space, orders, tiles: list[dict[str, int]], deadline: Deadline)
             options.append(c[np.broadcast_to(space.legal(x, c, parent[x], j), c.shape)])
         if math.prod(len(o) for o in options) > REFIT_GRID:
             continue
-        grid = [g.ravel() for g in np.meshgrid(*options, indexing="ij")]
-        trial = [{x: np.full(len(grid[0]), t[x]) for x in loops} for t in tiles]
-        trial[j] = dict(zip(loops, grid))
-        pred, mmax, msum, ok = score(space, orders, trial)
-        rows = np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
+        grid, (pred, mmax, msum), rows = _level_grid(space, orders, tiles, j, options)
         if len(rows):
             r = rows[np.lexsort((msum[rows], mmax[rows], pred[rows]))[0]]
             found = [dict(t) for t in tiles]
@@ -104,6 +100,17 @@ def refit(space: Space, orders, tiles: list[dict[str, int]], deadline: Deadline)
             return Candidate(tuple(tuple(o) for o in orders), tuple(tuple(t[x] for x in loops) for t in found),
                              (float(pred[r]), float(mmax[r]), float(msum[r])))
     return None
+
+
+def _level_grid(space: Space, orders, tiles, level: int, options, serial: bool = True):
+    """Every combination of `options` (per loop, the tiles to try) as `level`'s tile, the other
+    levels as in `tiles`: the grid (one array per loop), the ranking key's parts (registry.score,
+    `serial` as there) and the feasible rows."""
+    grid = [g.ravel() for g in np.meshgrid(*options, indexing="ij")]
+    trial = [{x: np.full(len(grid[0]), t[x]) for x in space.loops} for t in tiles]
+    trial[level] = dict(zip(space.loops, grid))
+    pred, mmax, msum, ok = score(space, orders, trial, serial)
+    return grid, (pred, mmax, msum), np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
 
 
 def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
@@ -180,12 +187,8 @@ def _level_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: De
             options.append(values[ok])
         if math.prod(len(o) for o in options) > LEVEL_GRID:
             continue
-        grid = [g.ravel() for g in np.meshgrid(*options, indexing="ij")]
-        trial = [{x: np.full(len(grid[0]), t[x]) for x in loops} for t in tiles]
-        trial[j] = dict(zip(loops, grid))
-        pred, _, _, ok = score(space, orders, trial, serial=False)
+        grid, (pred, _, _), rows = _level_grid(space, orders, tiles, j, options, serial=False)
         deadline.spend(space.work(len(grid[0]), n))
-        rows = np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
         now = [tuple(t[y] for y in loops) for t in tiles]
         for r in rows[np.argsort(pred[rows], kind="stable")[:LEVEL_KEEP]]:
             tile = tuple(int(g[r]) for g in grid)
