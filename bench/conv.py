@@ -14,7 +14,8 @@ channel). numpy runs first: TVM's pool threads spin after a kernel and would
 slow OpenBLAS. For chains, `unfused` is the conv and the 1x1 conv planned and
 built as two kernels, timed back to back (the second reads the first's output).
 `--threads N` runs both OpenBLAS and TVM on N threads (default: every core),
-and plans for that many cores.
+and plans for that many cores (models/hardware.on_cores: on one core, the
+calibration profile's one-core figures).
 """
 from __future__ import annotations
 
@@ -208,11 +209,12 @@ def main():
 
     from cachetile import hardware_from
     from cachetile.backends.llvm_build import use_all_cores
+    from cachetile.models.hardware import on_cores
     from cachetile.backends.llvm_measure import cpu_name
 
     hw = hardware_from(args.hardware)
     if args.threads:
-        hw = hw.model_copy(update={"cores": args.threads, "peak_flops": hw.peak_flops * args.threads / hw.cores})
+        hw = on_cores(hw, args.threads)
     use_all_cores(hw)
     print(f"# conv kernels on {hw.name}: {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']})\n")
     if not args.skip_layers:

@@ -271,26 +271,50 @@ def host_key(hardware: Hardware) -> str:
                        [(lv.name, lv.capacity_bytes) for lv in hardware.levels[1:]])
 
 
-def apply_profile(hardware: Hardware, profile: Profile) -> Hardware:
+def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) -> Hardware:
     """The hardware with the profile's all-core figures (peak, each level's fill bandwidth,
-    overheads), times the profile's refit multipliers when it has a refit."""
+    overheads), or with `one_core` its one-core figures, times the profile's refit multipliers
+    when it has a refit."""
     fit = profile.refit
     bandwidth = fit.bandwidth_multipliers if fit else {}
-    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": profile.fill_bandwidth[lv.name].all_cores
+
+    def figure(f) -> float:
+        return f.one_core if one_core else f.all_cores
+
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": figure(profile.fill_bandwidth[lv.name])
                                     * bandwidth.get(lv.name, 1.0)})
               if lv.name in profile.fill_bandwidth else lv for lv in hardware.levels]
     refitted = f", refitted on {fit.created} to {fit.records} measured plans" if fit else ""
     return hardware.model_copy(update={
-        "levels": levels, "peak_flops": profile.peak_flops.all_cores * (fit.peak_multiplier if fit else 1.0),
+        "levels": levels, "peak_flops": figure(profile.peak_flops) * (fit.peak_multiplier if fit else 1.0),
         "call_seconds": profile.call_seconds * (fit.call_multiplier if fit else 1.0),
-        "accumulator_bytes_per_s": profile.accumulator_bandwidth.all_cores * bandwidth.get(hardware.levels[0].name, 1.0)
+        "accumulator_bytes_per_s": figure(profile.accumulator_bandwidth) * bandwidth.get(hardware.levels[0].name, 1.0)
                                    if profile.accumulator_bandwidth else None,  # the register link, as refitted
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
-        **({"run_start_bytes": profile.run_start_bytes.all_cores} if profile.run_start_bytes else {}),
+        **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",
     })
+
+
+def on_cores(hardware: Hardware, cores: int) -> Hardware:
+    """The hardware as a kernel running on `cores` of its cores sees it (a benchmark pinned to
+    fewer threads): on one core of a calibrated host, the profile's one-core figures, since a
+    core alone streams more than its share of L3 and memory; otherwise the peak and every
+    level's bandwidth scaled by cores / hardware.cores, as the host preset assumes them."""
+    if cores == hardware.cores:
+        return hardware
+    if not 1 <= cores <= hardware.cores:
+        raise InvalidInput(f"cores must be between 1 and {hardware.cores}, got {cores}")
+    profile = load_profile(host_key(hardware)) if hardware.calibrated and cores == 1 else None
+    if profile is not None:
+        return apply_profile(hardware, profile, one_core=True).model_copy(update={"cores": 1})
+    share = cores / hardware.cores
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": lv.bandwidth_bytes_per_s * share}) for lv in hardware.levels]
+    accumulators = hardware.accumulator_bytes_per_s and hardware.accumulator_bytes_per_s * share
+    return hardware.model_copy(update={"cores": cores, "peak_flops": hardware.peak_flops * share, "levels": levels,
+                                       "accumulator_bytes_per_s": accumulators})
 
 
 PRESETS = ("host", "h100", "a100", "v100")

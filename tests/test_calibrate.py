@@ -9,7 +9,8 @@ import pytest
 
 from cachetile.api.report import format_hardware
 from cachetile.backends.calibrate import LOADS, fit_accumulators, fit_peak_and_registers, fit_run_start
-from cachetile.models.hardware import host, host_key
+from cachetile.models.errors import InvalidInput
+from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
 
 
@@ -44,6 +45,26 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert load_profile(key) is None and host().calibrated is None
     (tmp_path / f"{key}.json").write_text("{not json")
     assert load_profile(key) is None
+
+
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core is the whole machine")
+def test_one_core_of_a_calibrated_host_takes_the_profiles_one_core_figures(tmp_path, monkeypatch):
+    """on_cores (a benchmark pinned to fewer threads): one core of a calibrated host plans with
+    the figures measured on one core; without a profile, or on other core counts, the peak and
+    bandwidths are the all-core ones scaled by the share of cores; bad counts are refused."""
+    monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))
+    assumed = host()
+    half = on_cores(assumed, 1)
+    assert half.cores == 1 and half.peak_flops == assumed.peak_flops / assumed.cores
+    assert [lv.bandwidth_bytes_per_s for lv in half.levels] == [lv.bandwidth_bytes_per_s / assumed.cores
+                                                                 for lv in assumed.levels]
+    save_profile(_profile(host_key(assumed)))
+    one = on_cores(host(), 1)
+    assert (one.cores, one.peak_flops, one.accumulator_bytes_per_s, one.run_start_bytes) == (1, 2.5e11, 6e11, 300.0)
+    assert [lv.bandwidth_bytes_per_s for lv in one.levels] == [1e11 * (i + 1) for i in range(len(one.levels))]
+    assert on_cores(host(), host().cores) == host()
+    with pytest.raises(InvalidInput, match=f"cores must be between 1 and {assumed.cores}, got 0"):
+        on_cores(host(), 0)
 
 
 def test_peak_and_register_bandwidth_are_recovered_from_two_micro_kernels():
