@@ -209,8 +209,8 @@ def main():
 
     from cachetile import hardware_from
     from cachetile.backends.llvm_build import use_all_cores
-    from cachetile.models.hardware import on_cores
     from cachetile.backends.llvm_measure import cpu_name
+    from cachetile.models.hardware import on_cores
 
     hw = hardware_from(args.hardware)
     if args.threads:

@@ -39,8 +39,8 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
                 dv[j] += nbytes
                 continue
             credit = min(float(mine[j]), nbytes) if buffer <= usable else 0.0
-            # A buffer rewritten for every tile stays beside the level's own tile: it is
-            # fetched for ownership once, not at every rewrite.
+            # Rewritten for every tile, a buffer with room beside the level's own tile stays
+            # there: fetched for ownership once, not at every rewrite.
             owned = buffer if buffer + mu[j] <= usable else nbytes
             dv[j] += nbytes + owned - credit
     for _, zeroed, block, written in costs.outputs:
