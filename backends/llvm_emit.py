@@ -92,15 +92,15 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
     out = workload.tensors[op.output].dims
     iter_order = list(out) + [x for x in op.loops if x not in out]  # te.compute's loop order
     owned = [p for p in walk(workload, orders, op) if not outer_shared(workload, op, p, top)]
+    # A chain's one-trip loops stay out of the bindings, so a consumer's reduction loops above
+    # its producer do not hold its init there (_zero_tile); so do a convolution's, whose kh/kw
+    # loops cannot move below its input window's copy. A GEMM keeps them: it can move them
+    # under its key instead, and unbound, its zeroed tile could not be vectorised.
+    keep = len(workload.ops) == 1 and not _windowed(workload, op)
     for x, loop in zip(iter_order, sch.get_loops(block)[-len(op.loops):]):
         first = top - 1 if outer_shared(workload, op, (x, top), top) else top
         levels = list(range(first, -1, -1))
         factors = [trips(tiles, padded, x, j) for j in levels] + [tiles[0][x]]
-        # A chain's one-trip loops stay out of the bindings, so a consumer's reduction loops above
-        # its producer do not hold its init there (_zero_tile); so do a convolution's, whose
-        # kh/kw loops cannot move below its input window's copy. A GEMM keeps them: it can move
-        # them under its key instead, and unbound, its zeroed tile could not be vectorised.
-        keep = len(workload.ops) == 1 and not _windowed(workload, op)
         parts = sch.split(loop, factors=factors, preserve_unit_iters=keep)
         for j, part in zip(levels + [-1], parts):
             nests.loops[(op.name, (x, j))] = part
