@@ -113,7 +113,9 @@ class SimdCpu(Target):
         an affine index (a convolution's window) takes one register per element of its step's
         window, which neighbouring output points share and LLVM keeps (conv 3x3 tiles of 28
         accumulators and 14 window elements spilled 60-85 moves in their FMA loop; those within
-        32 registers by this count spilled none). Elsewhere plain MU."""
+        32 registers by this count spilled none). A vector-loaded input with such a window (a
+        depthwise conv's) holds its block the same way: depthwise tiles of 28 accumulators spilled
+        63 moves, 16 accumulators and 16 window vectors 2-6, 8 and 8 none. Elsewhere plain MU."""
         if level != 0:
             return super().level_usage(workload, level, tile, stages)
         weights = self.register_weights(workload)
@@ -126,8 +128,11 @@ class SimdCpu(Target):
                 if weights[(op.name, name)] > 1:
                     total = total + lanes * _window_registers(workload, name, out, tile)
                 else:
-                    # A vector that no other row of the tile reuses goes straight into its FMA.
+                    # A vector that no other row of the tile reuses goes straight into its FMA;
+                    # a sliding window's (a depthwise input) is reused by the neighbouring points
+                    # of the next reduction steps, and LLVM keeps it.
                     reused = math.prod(tile[x] for x in out if x not in workload.tensors[name].loops) > 1
+                    reused = reused | (_window_registers(workload, name, out, tile) > 1)
                     total = total + np.where(reused, workload.block(name, tile, within=out), lanes)
             worst = np.maximum(worst, total)
         return np.asarray(worst) * workload.elem_bytes
