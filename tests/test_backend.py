@@ -219,6 +219,14 @@ def _fma_blocks(asm: str) -> list[str]:
     return [b for b in blocks if len(re.findall(r"\bvfmadd\w*ps\b", b)) >= 4]
 
 
+def _assert_fma_loop_does_not_spill(built) -> None:
+    """No vector register moves to or from the stack in the kernel's FMA loops."""
+    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
+    assert kernel
+    spills = [line for b in kernel for line in b.splitlines() if "(%rsp)" in line and re.search(r"%[xyz]mm", line)]
+    assert spills == [], spills[:4]
+
+
 def test_register_tile_is_zeroed_before_its_reduction_loops():
     """A register tile whose key-slice lies under reduction loops of one trip (the L2 and L3
     tiles hold all of k) is zeroed before its k loop, not by an init at k == 0 inside it: with
@@ -282,10 +290,7 @@ def test_planned_conv_micro_kernel_does_not_spill():
                 params={"pad": 1, "layout": "nhwc"})
     plan = tune(w, HOST, top=0).plan
     built = build(w, HOST, plan)
-    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
-    assert kernel
-    spills = [line for b in kernel for line in b.splitlines() if "(%rsp)" in line and re.search(r"%[xyz]mm", line)]
-    assert spills == [], spills[:4]
+    _assert_fma_loop_does_not_spill(built)
     check(w, built.lib)
 
 
@@ -303,10 +308,7 @@ def test_planned_depthwise_micro_kernel_does_not_spill():
     window = reg["oh"] * reg["ow"] * -(-reg["c"] // lanes)
     assert plan.levels[0].mu_bytes >= (2 * window + 1) * HOST.vector_bytes  # accumulators, window, weights
     built = build(w, HOST, plan)
-    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
-    assert kernel
-    spills = [line for b in kernel for line in b.splitlines() if "(%rsp)" in line and re.search(r"%[xyz]mm", line)]
-    assert spills == [], spills[:4]
+    _assert_fma_loop_does_not_spill(built)
     check(w, built.lib)
 
 
