@@ -115,7 +115,8 @@ class SimdCpu(Target):
         accumulators and 14 window elements spilled 60-85 moves in their FMA loop; those within
         32 registers by this count spilled none). A vector-loaded input with such a window (a
         depthwise conv's) holds its block the same way: depthwise tiles of 28 accumulators spilled
-        63 moves, 16 accumulators and 16 window vectors up to 6 per block, 8 and 8 none. Elsewhere plain MU."""
+        63 moves, 16 accumulators and 16 window vectors up to 6 per block, 8 and 8 none.
+        Elsewhere plain MU."""
         if level != 0:
             return super().level_usage(workload, level, tile, stages)
         weights = self.register_weights(workload)
