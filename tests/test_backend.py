@@ -298,8 +298,8 @@ def test_planned_depthwise_micro_kernel_does_not_spill():
     """A depthwise conv's input is vector-loaded, and neighbouring output points of the next kw
     steps reuse its window, which LLVM keeps in registers: its register tile counts the window
     beside the accumulators (SimdCpu.level_usage). Before, MobileNet's 32x112x112 depthwise
-    planned a 2x14 tile (28 accumulators, 32 window vectors) whose FMA loop spilled, and ran
-    54 us on two cores; now its plan runs 33 us."""
+    planned a 2x14 tile (28 accumulators beside a window of 2x16 input vectors) whose FMA loop
+    spilled, and ran 54 us on two cores; its plan now takes a 2x7 tile and runs 35 us."""
     w = builtin("conv2d", {"n": 1, "c": 32, "h": 56, "w": 56, "k": 32, "r": 3, "s": 3},
                 params={"groups": 32, "pad": 1, "layout": "nhwc"})
     plan = tune(w, HOST, top=0).plan
