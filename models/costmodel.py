@@ -395,6 +395,20 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     return padded
 
 
+def padding_factor(workload: Workload, tiles: Tiles) -> np.ndarray:
+    """The flops the backend computes over padded loops (padded_extents), as a multiple of the
+    workload's; vectorised. Padding only grows as inner tiles are added, so outer levels' tiles
+    alone give a lower bound."""
+    padded = padded_extents(workload, tiles)
+    total = 0.0
+    for op in workload.ops:
+        points = 1.0
+        for x in op.loops:
+            points = points * padded[x]
+        total = total + points
+    return np.asarray(total / sum(math.prod(workload.dims[x] for x in op.loops) for op in workload.ops))
+
+
 def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
                     tiles: Tiles | None = None, stages: int = 1) -> np.ndarray:
     """Time of the arithmetic alone: peak, unless the plan keeps the cores from it.

@@ -24,7 +24,7 @@ their L2 DV alone predicts 26 ms.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple, Sequence
+from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,11 +46,12 @@ class Objective:
         """Whether the kernel's serial costs (copies, regions, the call) enter the cost."""
         return self.counts_compute
 
-    def links(self, dv: Sequence, mu: Sequence | None = None, whole: WholeProblem | None = None) -> list:
-        """Each level's cost from its DV in bytes (scalars or arrays); with the levels' MU and
-        the whole problem's (DV, MU), from effective_dv."""
+    def links(self, dv: Sequence, mu: Sequence | None = None, whole: WholeProblem | None = None,
+              top: Outermost | None = None) -> list:
+        """Each level's cost from its DV in bytes (scalars or arrays); with the levels' MU, the
+        whole problem's (DV, MU) and the outermost tile (`outermost`), from effective_dv."""
         if mu is not None and self.caches:
-            dv = effective_dv(dv, mu, self.caches, whole)
+            dv = effective_dv(dv, mu, self.caches, whole, top)
         return [d / div for d, div in zip(dv, self.divisors)]
 
     def compute(self, seconds):
@@ -84,32 +85,106 @@ class WholeProblem(NamedTuple):
     mu: float  # all of it held
     intermediates: float  # a chain's intermediates written and read back once: what the outermost
     # level's DV leaves out when it stands in for a cache (0 without intermediates)
+    buffers: Callable[[Mapping], np.ndarray] | None = None  # outermost tile -> bytes of the buffer
+    # a core keeps the intermediates' blocks in (None: no bound)
+    written: float = 0.0  # the outputs' bytes, written back to memory once
+    cores: int = 1
+    footprint: Callable[[Mapping], np.ndarray] | None = None  # outermost tile -> bytes of every
+    # tensor's block, over the loops the ops share: what a core touches between writing an
+    # intermediate's block and its last read
 
-    def standing(self, level: int, top: int) -> float:
+    def standing(self, level: int, top: int, tile: Mapping | None = None) -> np.ndarray | float:
         """What level `level` (of levels 0..top) adds to its DV when it stands in for an inner
-        cache: the outermost, the intermediates its DV leaves out."""
-        return self.intermediates if level == top else 0.0
+        cache: the outermost, the intermediates its DV leaves out. Standing in, its `tile` fits
+        the cache, and so do the buffers the cores keep the intermediates' blocks in, from one
+        tile to the next: only their first writes miss, at most the buffers' bytes (a 1-row
+        tile of MobileNet's first block at batch 8 keeps a 14 KiB buffer, where a round trip
+        of the intermediate is 25.7 MB)."""
+        if level != top:
+            return 0.0
+        if tile is None or self.buffers is None:
+            return self.intermediates
+        return np.minimum(self.intermediates, self.cores * self.buffers(tile))
+
+    def to_memory(self, tile: Mapping | None, private: int | None) -> np.ndarray | float:
+        """What the memory link carries beyond the outermost level's DV, for its `tile`: the
+        outputs' write-back (the memory bus carries a cache's write-backs as well as its fills,
+        and DV counts the lines fetched for ownership), and a chain's intermediates written and
+        read back unless the tile's blocks, the intermediates' buffer among them, fit a core's
+        `private` cache (the level inside the outermost): otherwise the producer's input and the
+        consumer's output stream through the shared cache between a block's write and its read,
+        and evict it. Measured on MobileNet's first block at batch 8 on 2 cores: tiles of 86
+        and 431 KiB in a 1 MiB L2 ran the fused kernel in 1709 and 1831 us, of 6.4 and 26 MB
+        in 2100 and 2260-2500 us; one round trip of the intermediate at the memory link is
+        530 us."""
+        if tile is None or self.footprint is None or private is None:
+            return self.written
+        return self.written + np.where(self.footprint(tile) > private, self.intermediates, 0.0)
 
 
-def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: WholeProblem | None) -> list:
+class Outermost(NamedTuple):
+    """The plan's outermost tile, and the (DV, MU) of each of its sweeps (`outermost`)."""
+
+    tile: Mapping
+    sweeps: list
+
+
+def outermost(workload, hardware: Hardware, order: Sequence[str], tile: Mapping) -> Outermost:
+    """The outermost level's tile and its sweeps: the tile grown to the whole extent along the
+    innermost one, two, ... loops of `order` that take more than one trip, each with its DV and
+    MU (arrays allowed), while some grown tile fits the outermost cache. Accera's refill rule
+    reloads a block whole whenever it changes, so windows sliding along an affine dim (a
+    convolution's input rows under row tiles) move their overlap again and again; a cache that
+    holds a sweep of the loops inside keeps that overlap and moves what the grown tile moves.
+    Along plain dims consecutive blocks do not overlap, and a sweep moves what the tile does.
+    (MobileNet's first block at batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept
+    in L3; its kernel ran fastest of the plans measured.)"""
+    from .costmodel import data_volume, level_usage
+
+    top = len(hardware.levels) - 1
+    fit = hardware.target.cache_bytes(top)
+    sweeps, grown, done = [], dict(tile), False
+    for _ in range(len(order) if fit is not None else 0):
+        found = False
+        for x in reversed(order):  # the innermost loop still split, grown whole
+            split = np.asarray(grown[x]) < workload.dims[x]
+            grown[x] = np.where(split & ~found, workload.dims[x], grown[x])
+            found = found | split
+        mu = level_usage(workload, hardware, top, grown)
+        done = done | ~found | (mu > fit)
+        if np.all(done):
+            break
+        dv = data_volume(workload, [order], [grown], levels=[0], hardware=hardware, offset=top)[0]
+        sweeps.append((np.where(done, np.inf, dv), mu))
+    return Outermost(tile, sweeps)
+
+
+def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: WholeProblem | None,
+                 top: Outermost | None = None) -> list:
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
-    `caches[l]` bytes, no more than the DV of a level outside it (the outermost with its
-    intermediates, `whole.intermediates`) or of the whole problem whose MU fits (fitting_dv).
-    Scalars or arrays, innermost level first."""
-    top = len(dv) - 1
-    outer = [(d + (whole.standing(j, top) if whole is not None else 0.0), m) for j, (d, m) in enumerate(zip(dv, mu))]
+    `caches[l]` bytes, no more than the DV of a level outside it (the outermost with what it
+    adds standing in, WholeProblem.standing, for its tile `top.tile`), of the outermost tile's
+    sweep (the outermost cache: `outermost`) or of the whole problem whose MU fits
+    (fitting_dv). Scalars or arrays, innermost level first."""
+    last = len(dv) - 1
+    outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
+             for j, (d, m) in enumerate(zip(dv, mu))]
     out = list(dv)
     for i, fit in enumerate(caches):
         if fit is not None:
-            outside = [*outer[i + 1:], *([whole[:2]] if whole is not None else [])]
+            swept = top.sweeps if top is not None and i == last else []
+            outside = [*outer[i + 1:], *swept, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
+    if whole is not None and caches[last] is not None:
+        out[last] = out[last] + whole.to_memory(top.tile if top else None, caches[last - 1] if last else None)
     return out
 
 
-def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence) -> list:
-    """The bytes the time objective charges each level of one plan (its DV and MU per level):
-    effective_dv with this hardware's caches and the workload as a whole."""
-    return effective_dv(dv, mu, time_objective(hardware).caches, whole_problem(workload, hardware))
+def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles) -> list:
+    """The bytes the time objective charges each level of one plan (its DV and MU per level, its
+    orders and tiles): effective_dv with this hardware's caches and the workload as a whole."""
+    return effective_dv(dv, mu, time_objective(hardware).caches, whole_problem(workload, hardware),
+                        outermost(workload, hardware, orders[-1], tiles[-1]))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:
@@ -119,9 +194,21 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
     from .costmodel import level_usage
 
     moved = sum(workload.size(name) for name in workload.tensors) * workload.elem_bytes
-    inner = sum(workload.size(n) for n, t in workload.tensors.items() if t.role == "intermediate")
+    names = [n for n, t in workload.tensors.items() if t.role == "intermediate"]
+    inner = sum(workload.size(n) for n in names)
     held = float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
-    return WholeProblem(float(moved), held, 2.0 * inner * workload.elem_bytes)
+
+    def buffers(tile: Mapping) -> np.ndarray:
+        return workload.elem_bytes * sum(workload.block(n, tile) for n in names)
+
+    written = sum(workload.size(n) for n, t in workload.tensors.items() if t.role == "output") * workload.elem_bytes
+    def footprint(tile: Mapping) -> np.ndarray:
+        # The consumers walk their own loops whole between writing an intermediate and their last read.
+        live = {x: tile[x] if x in workload.shared_loops else workload.dims[x] for x in workload.dims}
+        return workload.elem_bytes * sum(workload.block(n, live) for n in workload.tensors)
+
+    return WholeProblem(float(moved), held, 2.0 * inner * workload.elem_bytes, buffers if names else None,
+                        float(written), hardware.cores, footprint if names else None)
 
 
 def time_objective(hardware: Hardware) -> Objective:

@@ -89,7 +89,7 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     compute = float(compute_seconds(record.workload, hardware, orders, tiles, stages))
     dv = [float(d) for d in data_volume(record.workload, orders, tiles, hardware=hardware)]
     # the bytes the time objective charges each link (effective_dv): no bandwidth changes them
-    dv = charged_dv(record.workload, hardware, dv, [lp.mu_bytes for lp in record.plan.levels])
+    dv = charged_dv(record.workload, hardware, dv, [lp.mu_bytes for lp in record.plan.levels], orders, tiles)
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)

@@ -28,7 +28,7 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
     """Bytes moved into each level (innermost first) by one call of the kernel."""
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
-    dv = [float(d) for d in charged_dv(workload, hardware, dv, mu)]
+    dv = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
     costs = kernel_costs(workload, hardware, orders, tiles)
     target = hardware.target
     for tensor, level, nbytes, buffer in costs.copies:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume, loop_classes, single_level_bound
-from ..models.objective import fitting_dv
+from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
+from ..models.objective import fitting_dv, outermost
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -158,6 +158,9 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
         raw = np.empty((len(orders), len(rows)))  # DV in bytes
+        # The outermost cache moves no more than the outermost tile's sweep (objective.outermost).
+        sweeping = level == sp.n_levels - 1 and sp.objective.caches and sp.objective.caches[level] is not None
+        cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
             classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
@@ -167,8 +170,15 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 raw[o, lo : lo + CHUNK] = dv
+                if sweeping:
+                    sweeps = outermost(sp.workload, sp.hardware, order, part).sweeps
+                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK],
+                                                         fitting_dv(sp.objective.caches[level], sweeps))
                 self.deadline.spend(sp.work(len(dv)))
-        secs = np.minimum(raw, self._held(level, outer)) / divisor
+        secs = np.minimum(raw, cap) / divisor
+        if sweeping:  # as effective_dv charges the memory link
+            caches = sp.objective.caches
+            secs = secs + sp.whole.to_memory(tile, caches[level - 1] if level else None) / divisor
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.
@@ -180,7 +190,7 @@ class _Search:
         if guided and sp.objective.caches:
             # An inner hardware cache moves at most what a fitting outer tile does: this child's
             # (its least DV over the orders) or one along the branch.
-            child = ((raw.min(axis=0) + sp.whole.standing(level, sp.n_levels - 1), sp.usage(level, tile)), *outer)
+            child = ((raw.min(axis=0) + sp.whole.standing(level, sp.n_levels - 1, tile), sp.usage(level, tile)), *outer)
             held = lambda j: self._held(j, child)  # noqa: E731
         inner = self._inner_floor(level, rows, 1 if shares else 0, held)[None, :] if guided else 0.0
         # Register loads issue with the FMAs: their least time under each child adds to compute.
@@ -193,6 +203,8 @@ class _Search:
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
         if level >= 1:
+            # Padding to these tiles adds flops whatever the inner levels do.
+            compute = compute * padding_factor(sp.workload, [tile, *outer_tiles])
             floor = sp.target.compute_floor(sp.workload, level, tile, sp.stages)
             # An infinite floor (no launch fits) prunes the child even when compute costs nothing.
             compute = np.where(np.isinf(floor), np.inf, compute * np.where(np.isinf(floor), 1.0, floor))
@@ -240,7 +252,7 @@ class _Search:
                 return  # children are sorted by bound, and nothing beats the lower bound
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
-            here = (float(raw[o, r]) + sp.whole.standing(level, sp.n_levels - 1), float(sp.usage(level, child)))
+            here = (float(raw[o, r] + sp.whole.standing(level, sp.n_levels - 1, child)), float(sp.usage(level, child)))
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
                 float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (here, *outer),

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume
 from ..models.errors import CachetileError
+from ..models.objective import outermost
 from .space import Space
 
 
@@ -104,7 +105,8 @@ def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray,
     serial=False leaves out the kernel's serial costs, which are costed one plan at a time."""
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
-    secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole)
+    secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole,
+                                 outermost(space.workload, hw, orders[-1], tiles[-1]))
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)

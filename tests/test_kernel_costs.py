@@ -154,7 +154,8 @@ def test_a_packed_panel_that_stays_beside_the_tile_is_fetched_once():
     traffic = expected_traffic(w, hw, orders, tiles)
     assert traffic[2] == once + 250 * 6 * 4 + 250 * 16 * 4
     plan = make_plan(w, hw, orders, tiles)
-    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels], [lp.mu_bytes for lp in plan.levels])
+    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels], [lp.mu_bytes for lp in plan.levels],
+                         orders, tiles)
     assert traffic[1] == charged[1] + 2 * 250 * 256 * 4 - 250 * 250 * 4  # reads credited, every rewrite fetched
 
 
