@@ -4,7 +4,8 @@ against their unfused pair, and MetaSchedule on one layer.
     python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule | --skip-layers]
 
 One process. For each layer (ResNet-50 3x3 and 1x1 layers, stride-2 layers, a
-MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1): the plan
+MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1, and MobileNet's first
+block at batch 8): the plan
 `tune` returns (default 10 s limit, `auto`), built by the CPU backend and
 checked against numpy, then timed beside im2col + np.matmul on the same
 arrays, both medians of >= 10 runs. im2col is part of the baseline: zero-pad,
@@ -12,7 +13,10 @@ gather the windows into a (pixels, R*S*C) matrix, one np.matmul with the
 weights laid out as (R*S*C, K) beforehand (depthwise: one batched matmul per
 channel). numpy runs first: TVM's pool threads spin after a kernel and would
 slow OpenBLAS. For chains, `unfused` is the conv and the 1x1 conv planned and
-built as two kernels, timed back to back (the second reads the first's output).
+built as two kernels and run back to back (the second reads the first's output),
+as a network runs them; the pair and the fused kernel are timed from Python in
+alternating rounds (alternating_medians), the pair paying two calls' overhead
+(a few microseconds) against one.
 `--threads N` runs both OpenBLAS and TVM on N threads (default: every core),
 and plans for that many cores (models/hardware.on_cores: on one core, the
 calibration profile's one-core figures).
@@ -40,7 +44,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from solve_times import table  # noqa: E402
 
-# (name, sizes, options): ResNet-50 (v1.5, stride in the 3x3) and MobileNet-v1 layers, batch 1.
+# (name, sizes, options): ResNet-50 (v1.5, stride in the 3x3) and MobileNet-v1 layers.
 LAYERS = [
     ("r50 conv2 3x3", dict(n=1, c=64, h=56, w=56, k=64, r=3, s=3), dict(pad=1)),
     ("r50 conv2 1x1 64->256", dict(n=1, c=64, h=56, w=56, k=256, r=1, s=1), {}),
@@ -52,6 +56,8 @@ LAYERS = [
     ("r50 down 1x1 s2", dict(n=1, c=512, h=28, w=28, k=1024, r=1, s=1), dict(stride=2)),
     ("mbv1 dw+pw 128", dict(n=1, c=128, h=56, w=56, k=128, r=3, s=3), dict(pad=1, groups=128, pointwise=128)),
     ("r50 3x3 -> 1x1", dict(n=1, c=64, h=56, w=56, k=64, r=3, s=3), dict(pad=1, pointwise=256)),
+    # Batch 8: the intermediate (12.8 MB) no longer fits L2, and an unfused pair moves it through memory.
+    ("mbv1 dw+pw 32 b8", dict(n=8, c=32, h=112, w=112, k=32, r=3, s=3), dict(pad=1, groups=32, pointwise=64)),
 ]
 
 
@@ -111,26 +117,49 @@ def planned(w, hw, time_limit):
     return plan_s, built, seconds
 
 
-def unfused_seconds(sizes, options, layout, hw, time_limit):
-    """The conv and the 1x1 conv as two planned kernels, back to back."""
+def unfused_pair(sizes, options, layout, hw, time_limit):
+    """The conv and the 1x1 conv as two planned kernels: a callable that runs them back to back,
+    the second reading the first's output, as a network runs them."""
     from cachetile import tune
     from cachetile.backends.base import get_backend
-    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.backends.llvm_measure import kernel_args
     from cachetile.models.measurement import random_inputs
 
     first = workload(sizes, {o: v for o, v in options.items() if o != "pointwise"}, layout)
     oh = first.dims["oh"]
     second = workload(dict(n=sizes["n"], c=sizes["k"], h=oh, w=first.dims["ow"], k=options["pointwise"], r=1, s=1),
                       {}, layout)
-    total, previous = 0.0, None
+    calls, previous = [], None
     for w in (first, second):
         lib = get_backend("llvm").build(w, hw, tune(w, hw, time_limit=time_limit, top=0).plan).lib.mod
         args = kernel_args(w, random_inputs(w))
         if previous is not None:
             args[0] = previous  # the 1x1 conv reads the conv's output
-        total += time_kernel(lib, args)
+        calls.append((lib["main"], args))
         previous = args[-1]
-    return total
+    return lambda: [f(*a) for f, a in calls]
+
+
+def alternating_medians(fns, rounds: int = 10, min_seconds: float = 0.02) -> list[float]:
+    """Median seconds per call of each callable, timed in alternating rounds of >= `min_seconds`
+    of calls each (after one warm-up call), so that drift in the machine's speed hits all alike."""
+    for fn in fns:
+        fn()
+    calls = []
+    for fn in fns:
+        start, n = time.perf_counter(), 0
+        while time.perf_counter() - start < min_seconds / 4:
+            fn()
+            n += 1
+        calls.append(max(1, math.ceil(n * 4)))
+    times = [[] for _ in fns]
+    for _ in range(rounds):
+        for fn, n, out in zip(fns, calls, times):
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            out.append((time.perf_counter() - start) / n)
+    return [float(np.median(t)) for t in times]
 
 
 def layer_rows(hw, layout, time_limit):
@@ -148,9 +177,15 @@ def layer_rows(hw, layout, time_limit):
         ratios.append(ratio)
         unfused = "-"
         if "pointwise" in options:
-            pair = unfused_seconds(sizes, options, layout, hw, time_limit)
-            fused.append(pair / kernel_s)
-            unfused = f"{w.flops / pair / 1e9:.1f} ({pair / kernel_s:.2f}x)"
+            # Both from Python, alternating: the pair's two calls against the fused kernel's one.
+            from cachetile.backends.llvm_measure import kernel_args
+            from cachetile.models.measurement import random_inputs
+
+            main, args = built.lib.mod["main"], kernel_args(w, random_inputs(w))
+            chain_s, pair = alternating_medians([lambda: main(*args), unfused_pair(sizes, options, layout, hw,
+                                                                                   time_limit)])
+            fused.append(pair / chain_s)
+            unfused = f"{w.flops / pair / 1e9:.1f} ({pair / chain_s:.2f}x)"
         shape = f"{sizes['c']}x{sizes['h']}x{sizes['w']} -> {sizes['k']}, {sizes['r']}x{sizes['s']}" + \
             "".join(f" {o}={v}" for o, v in options.items())
         rows.append((name, shape, f"{plan_s:.2f}", f"{built.seconds:.2f}", f"{w.flops / kernel_s / 1e9:.1f}",

@@ -136,8 +136,8 @@ def outermost(workload, hardware: Hardware, order: Sequence[str], tile: Mapping)
     reloads a block whole whenever it changes, so windows sliding along an affine dim (a
     convolution's input rows under row tiles) move their overlap again and again; a cache that
     holds a sweep of the loops inside keeps that overlap and moves what the grown tile moves.
-    Along plain dims consecutive blocks do not overlap, and a sweep moves what the tile does.
-    (MobileNet's first block at batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept
+    It also keeps what the next trip of the loop around the sweep reuses (a GEMM's B panel
+    across row tiles), as an LRU cache that holds the sweep does. (MobileNet's first block at batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept
     in L3; its kernel ran fastest of the plans measured.)"""
     from .costmodel import data_volume, level_usage
 

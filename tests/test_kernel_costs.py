@@ -133,6 +133,71 @@ def test_a_cache_moves_no_more_than_a_fitting_outer_tile_and_a_chain_adds_its_in
     assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), HOST).intermediates == 0.0
 
 
+def test_the_outermost_cache_keeps_a_sweep_of_sliding_windows():
+    """objective.outermost: a depthwise conv tiled in single output rows reloads each input row
+    with every window that covers it (Accera's rule); the outermost cache, holding a sweep of
+    the rows, moves what one image's tile moves: each array once. The memory link also carries
+    the output's write-back."""
+    from cachetile.models.costmodel import data_volume
+    from cachetile.models.objective import effective_dv, outermost, time_objective, whole_problem
+
+    hw = _streaming_hardware(0.0)
+    w = builtin("conv2d", dict(n=2, c=16, h=20, w=20, k=16, r=3, s=3), params={"pad": 1, "groups": 16})
+    order, rows = list(w.dims), {**w.dims, "n": 1, "oh": 1}
+    once = (2 * 22 * 22 * 16 + 2 * 20 * 20 * 16 + 3 * 3 * 16) * 4  # input (zero-padded), output, weights
+    (swept, _), *_ = outermost(w, hw, order, rows).sweeps
+    assert swept == once
+    own = float(data_volume(w, [order], [rows], levels=[0], hardware=hw, offset=2)[0])
+    assert own > 2.5 * 2 * 22 * 22 * 16 * 4  # each input row about three times
+    dv, mu = [0.0, 0.0, own], [0.0, 0.0, 1000.0]
+    charged = effective_dv(dv, mu, time_objective(hw).caches, whole_problem(w, hw), outermost(w, hw, order, rows))
+    assert charged[2] == once + 2 * 20 * 20 * 16 * 4
+    # A GEMM's row tiles reload all of B for each; a sweep of n holds B, and each array moves once.
+    gemm = builtin("gemm", {"m": 64, "n": 96, "k": 80})
+    tile = {"m": 16, "n": 32, "k": 80}
+    assert float(data_volume(gemm, [["m", "n", "k"]], [tile], levels=[0], hardware=hw, offset=2)[0]) == \
+        (64 * 80 + 4 * 80 * 96 + 64 * 96) * 4
+    (moved, held), *_ = outermost(gemm, hw, ["m", "n", "k"], tile).sweeps
+    assert (moved, held) == ((64 * 80 + 80 * 96 + 64 * 96) * 4, (16 * 80 + 80 * 96 + 16 * 96) * 4)
+
+
+def test_a_chains_intermediate_buffer_costs_its_first_writes_or_a_round_trip_when_it_spills():
+    """objective.WholeProblem: standing in for a cache, the outermost tile adds at most the
+    buffers the cores keep the intermediate in (not its whole round trip); the memory link
+    carries the output's write-back, and the intermediate's round trip once the tile's blocks
+    over the shared loops (the pointwise output's channels whole) outgrow a core's cache."""
+    from cachetile.models.objective import whole_problem
+
+    hw = _streaming_hardware(0.0)  # 2 cores
+    w = builtin("conv2d", dict(n=2, c=16, h=20, w=20, k=16, r=3, s=3),
+                params={"pad": 1, "groups": 16, "pointwise": 32})
+    whole = whole_problem(w, hw)
+    row = {"n": 1, "oh": 1, "ow": 20, "c": 16, "kh": 3, "kw": 3, "f": 8}
+    assert whole.intermediates == 2 * (2 * 20 * 20 * 16) * 4
+    assert whole.standing(2, 2, row) == 2 * 20 * 16 * 4  # a one-row buffer per core
+    assert whole.standing(1, 2, row) == 0.0
+    written = 2 * 20 * 20 * 32 * 4
+    assert whole.written == written
+    # the input's full window (3 rows of 22 columns, unclipped as MU counts it), the buffer, the
+    # output over every f, both weights
+    footprint = (3 * 22 * 16 + 20 * 16 + 20 * 32 + 9 * 16 + 16 * 32) * 4
+    assert whole.to_memory(row, footprint) == written
+    assert whole.to_memory(row, footprint - 1) == written + whole.intermediates
+    assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), hw).to_memory(row, 1) == 8 * 8 * 4
+
+
+def test_enumerates_bound_counts_the_padding_of_outer_tiles():
+    """costmodel.padding_factor: the flops over padded loops, as a multiple of the workload's."""
+    from cachetile.models.costmodel import padding_factor
+
+    w = builtin("gemm", {"m": 100, "n": 64, "k": 48})
+    assert padding_factor(w, [{"m": 32, "n": 64, "k": 48}]) == pytest.approx(128 / 100)
+    assert padding_factor(w, [{"m": 25, "n": 64, "k": 16}]) == 1.0
+    chain = builtin("gemm-chain", {"m": 10, "l": 12, "k": 8, "n": 6})
+    tile = {"m": 4, "l": 12, "k": 8, "n": 6}  # m padded to 12 in both ops
+    assert padding_factor(chain, [tile]) == pytest.approx(12 / 10)
+
+
 def test_a_packed_panel_that_stays_beside_the_tile_is_fetched_once():
     """models/traffic.py: gemm 250^3 packs a 16-column panel of B (16 000 B) for every column
     block, 256 000 B of copies in all (n padded to 256). L2 holds the whole problem, so each
