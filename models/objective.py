@@ -143,6 +143,8 @@ def outermost(workload, hardware: Hardware, order: Sequence[str], tile: Mapping)
 
     top = len(hardware.levels) - 1
     fit = hardware.target.cache_bytes(top)
+    if fit is not None and level_usage(workload, hardware, top, dict(workload.dims)) <= fit:
+        fit = None  # the whole problem fits, and moves less than any sweep (effective_dv)
     sweeps, grown, done = [], dict(tile), False
     for _ in range(len(order) if fit is not None else 0):
         found = False
