@@ -188,7 +188,10 @@ class Space:
         # Every level loads each input and output at least once.
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
         self.lanes = self.target.lanes(w)
-        links = self.objective.links([io_bytes] * len(hw.levels))
+        moved = [io_bytes] * len(hw.levels)
+        if self.objective.caches and self.objective.caches[-1] is not None:
+            moved[-1] += self.whole.written  # the memory link carries the write-back (effective_dv)
+        links = self.objective.links(moved)
         self.register_floor = 0.0
         self._registers = (None, None)
         if self.objective.shares_issue:
