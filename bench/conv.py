@@ -102,7 +102,8 @@ def workload(sizes, options, layout):
 
 
 def planned(w, hw, time_limit):
-    """(plan seconds, built kernel, its GFLOP/s) for the plan `tune` returns; checked against numpy."""
+    """(plan seconds, built kernel, seconds per call, its arguments) for the plan `tune` returns;
+    checked against numpy."""
     from cachetile import tune
     from cachetile.backends.base import get_backend
     from cachetile.backends.llvm_measure import check, kernel_args, time_kernel
@@ -113,8 +114,9 @@ def planned(w, hw, time_limit):
     plan_s = time.perf_counter() - start
     built = get_backend("llvm").build(w, hw, result.plan)
     check(w, built.lib)
-    seconds = time_kernel(built.lib.mod, kernel_args(w, random_inputs(w)))
-    return plan_s, built, seconds
+    args = kernel_args(w, random_inputs(w))
+    seconds = time_kernel(built.lib.mod, args)
+    return plan_s, built, seconds, args
 
 
 def unfused_pair(sizes, options, layout, hw, time_limit):
@@ -172,16 +174,13 @@ def layer_rows(hw, layout, time_limit):
         w = workload(sizes, options, layout)
         time.sleep(0.2)
         numpy_s = median_seconds(baseline(sizes, options, rng), 10)
-        plan_s, built, kernel_s = planned(w, hw, time_limit)
+        plan_s, built, kernel_s, args = planned(w, hw, time_limit)
         ratio = numpy_s / kernel_s
         ratios.append(ratio)
         unfused = "-"
         if "pointwise" in options:
             # Both from Python, alternating: the pair's two calls against the fused kernel's one.
-            from cachetile.backends.llvm_measure import kernel_args
-            from cachetile.models.measurement import random_inputs
-
-            main, args = built.lib.mod["main"], kernel_args(w, random_inputs(w))
+            main = built.lib.mod["main"]
             chain_s, pair = alternating_medians([lambda: main(*args), unfused_pair(sizes, options, layout, hw,
                                                                                    time_limit)])
             fused.append(pair / chain_s)
@@ -205,17 +204,15 @@ def metaschedule_rows(hw, layout, trials, time_limit, layer=2):
     from tvm.s_tir import meta_schedule as ms
 
     from cachetile.backends.llvm_build import llvm_target
-    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.backends.llvm_measure import time_kernel
     from cachetile.backends.tensorir import primfunc
-    from cachetile.models.measurement import random_inputs
 
     name, sizes, options = LAYERS[layer]
     w = workload(sizes, options, layout)
     target = tvm.target.Target(llvm_target(hw.cores))
-    plan_s, built, kernel_s = planned(w, hw, time_limit)
+    plan_s, built, kernel_s, args = planned(w, hw, time_limit)
     ours_s = plan_s + built.seconds
     rows = [(name, "cachetile", f"{ours_s:.2f}", f"{w.flops / kernel_s / 1e9:.1f}", "1", "1.00")]
-    args = kernel_args(w, random_inputs(w))
     for n in trials:
         log(f"metaschedule: {name}, {n} trials")
         mod = tvm.IRModule({"main": primfunc(w)})

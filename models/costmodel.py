@@ -395,18 +395,21 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     return padded
 
 
+def _points(op, extents) -> np.ndarray | float:
+    """The op's iteration points over these loop extents (arrays allowed)."""
+    points = 1.0
+    for x in op.loops:
+        points = points * extents[x]
+    return points
+
+
 def padding_factor(workload: Workload, tiles: Tiles) -> np.ndarray:
     """The flops the backend computes over padded loops (padded_extents), as a multiple of the
     workload's; vectorised. Padding only grows as inner tiles are added, so outer levels' tiles
     alone give a lower bound."""
     padded = padded_extents(workload, tiles)
-    total = 0.0
-    for op in workload.ops:
-        points = 1.0
-        for x in op.loops:
-            points = points * padded[x]
-        total = total + points
-    return np.asarray(total / sum(math.prod(workload.dims[x] for x in op.loops) for op in workload.ops))
+    total = sum(_points(op, padded) for op in workload.ops)
+    return np.asarray(total / sum(_points(op, workload.dims) for op in workload.ops))
 
 
 def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | None = None,
@@ -429,10 +432,7 @@ def compute_seconds(workload: Workload, hardware: Hardware, orders: Orders | Non
     parallel = parallel_loops(workload, orders, tiles, hardware.cores) if hardware.cores > 1 and orders else None
     padded = padded_extents(workload, tiles)
     for i, op in enumerate(workload.ops):
-        points = 1.0
-        for x in op.loops:
-            points = points * padded[x]
-        seconds = 2.0 * points / peak / target.issue_efficiency(workload, op, tiles, orders)
+        seconds = 2.0 * _points(op, padded) / peak / target.issue_efficiency(workload, op, tiles, orders)
         if parallel is not None:
             trips = parallel[i][1]
             seconds = seconds * hardware.cores * np.ceil(trips / hardware.cores) / np.maximum(trips, 1)

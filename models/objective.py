@@ -129,24 +129,26 @@ class Outermost(NamedTuple):
     sweeps: list
 
 
-def outermost(workload, hardware: Hardware, order: Sequence[str], tile: Mapping) -> Outermost:
+def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping) -> Outermost:
     """The outermost level's tile and its sweeps: the tile grown to the whole extent along the
     innermost one, two, ... loops of `order` that take more than one trip, each with its DV and
-    MU (arrays allowed), while some grown tile fits the outermost cache. Accera's refill rule
+    MU (arrays allowed), while some grown tile fits the outermost cache and `whole` (the whole
+    problem, whole_problem) does not: where it fits, it moves less than any sweep. Accera's refill rule
     reloads a block whole whenever it changes, so windows sliding along an affine dim (a
     convolution's input rows under row tiles) move their overlap again and again; a cache that
     holds a sweep of the loops inside keeps that overlap and moves what the grown tile moves.
     It also keeps what the next trip of the loop around the sweep reuses (a GEMM's B panel
-    across row tiles), as an LRU cache that holds the sweep does. (MobileNet's first block at batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept
-    in L3; its kernel ran fastest of the plans measured.)"""
+    across row tiles), as an LRU cache that holds the sweep does. (MobileNet's first block at
+    batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept in L3; its kernel ran fastest
+    of the plans measured.)"""
     from .costmodel import data_volume, level_usage
 
     top = len(hardware.levels) - 1
     fit = hardware.target.cache_bytes(top)
-    if fit is not None and level_usage(workload, hardware, top, dict(workload.dims)) <= fit:
-        fit = None  # the whole problem fits, and moves less than any sweep (effective_dv)
+    if fit is None or whole.mu <= fit:
+        return Outermost(tile, [])
     sweeps, grown, done = [], dict(tile), False
-    for _ in range(len(order) if fit is not None else 0):
+    for _ in range(len(order)):
         found = False
         for x in reversed(order):  # the innermost loop still split, grown whole
             split = np.asarray(grown[x]) < workload.dims[x]
@@ -177,16 +179,25 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
             swept = top.sweeps if top is not None and i == last else []
             outside = [*outer[i + 1:], *swept, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
-    if whole is not None and caches[last] is not None:
-        out[last] = out[last] + whole.to_memory(top.tile if top else None, caches[last - 1] if last else None)
+    out[last] = out[last] + memory_extra(whole, caches, top.tile if top else None)
     return out
+
+
+def memory_extra(whole: WholeProblem | None, caches: Sequence[int | None], tile: Mapping | None = None):
+    """What the memory link carries beyond the outermost level's DV where that level is a hardware
+    cache (WholeProblem.to_memory for the outermost `tile`; without one, the least it carries:
+    the outputs' write-back), else 0."""
+    if whole is None or not caches or caches[-1] is None:
+        return 0.0
+    return whole.to_memory(tile, caches[-2] if len(caches) > 1 else None)
 
 
 def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles) -> list:
     """The bytes the time objective charges each level of one plan (its DV and MU per level, its
     orders and tiles): effective_dv with this hardware's caches and the workload as a whole."""
-    return effective_dv(dv, mu, time_objective(hardware).caches, whole_problem(workload, hardware),
-                        outermost(workload, hardware, orders[-1], tiles[-1]))
+    whole = whole_problem(workload, hardware)
+    return effective_dv(dv, mu, time_objective(hardware).caches, whole,
+                        outermost(workload, hardware, whole, orders[-1], tiles[-1]))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:
@@ -204,6 +215,7 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
         return workload.elem_bytes * sum(workload.block(n, tile) for n in names)
 
     written = sum(workload.size(n) for n, t in workload.tensors.items() if t.role == "output") * workload.elem_bytes
+
     def footprint(tile: Mapping) -> np.ndarray:
         # The consumers walk their own loops whole between writing an intermediate and their last read.
         live = {x: tile[x] if x in workload.shared_loops else workload.dims[x] for x in workload.dims}

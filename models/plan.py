@@ -71,8 +71,8 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
     serial = costs.seconds if costs else 0.0
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
-    links = objective.links(dv, mu, whole_problem(workload, hardware),
-                             outermost(workload, hardware, orders[-1], tiles[-1]))
+    whole = whole_problem(workload, hardware)
+    links = objective.links(dv, mu, whole, outermost(workload, hardware, whole, orders[-1], tiles[-1]))
     predicted, worst = objective.value(compute, links, serial)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [

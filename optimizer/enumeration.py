@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import fitting_dv, outermost
+from ..models.objective import fitting_dv, memory_extra, outermost
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -160,7 +160,6 @@ class _Search:
         raw = np.empty((len(orders), len(rows)))  # DV in bytes
         # The outermost cache moves no more than the outermost tile's sweep (objective.outermost).
         sweeping = level == sp.n_levels - 1 and sp.objective.caches and sp.objective.caches[level] is not None
-        swept = sweeping and sp.whole.mu > sp.objective.caches[level]  # else the whole problem stands in
         cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
@@ -171,15 +170,14 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 raw[o, lo : lo + CHUNK] = dv
-                if swept:
-                    sweeps = outermost(sp.workload, sp.hardware, order, part).sweeps
+                if sweeping:
+                    sweeps = outermost(sp.workload, sp.hardware, sp.whole, order, part).sweeps
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK],
                                                          fitting_dv(sp.objective.caches[level], sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
-        if sweeping:  # as effective_dv charges the memory link
-            caches = sp.objective.caches
-            secs = secs + sp.whole.to_memory(tile, caches[level - 1] if level else None) / divisor
+        if level == sp.n_levels - 1:
+            secs = secs + memory_extra(sp.whole, sp.objective.caches, tile) / divisor  # as effective_dv
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
         # that steers the search to children leaving room for good inner tiles.

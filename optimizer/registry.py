@@ -106,7 +106,7 @@ def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray,
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
     secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole,
-                                 outermost(space.workload, hw, orders[-1], tiles[-1]))
+                                 outermost(space.workload, hw, space.whole, orders[-1], tiles[-1]))
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)

@@ -36,7 +36,7 @@ import numpy as np
 from ..models.caches import tiles_nest
 from ..models.costmodel import check_order, compute_seconds, level_usage, memory_usage, single_level_bound
 from ..models.hardware import Hardware
-from ..models.objective import Objective, WholeProblem, time_objective, whole_problem
+from ..models.objective import Objective, WholeProblem, memory_extra, time_objective, whole_problem
 from ..models.targets import Target
 from ..models.workload import Workload
 from . import budget
@@ -189,8 +189,7 @@ class Space:
         io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
         self.lanes = self.target.lanes(w)
         moved = [io_bytes] * len(hw.levels)
-        if self.objective.caches and self.objective.caches[-1] is not None:
-            moved[-1] += self.whole.written  # the memory link carries the write-back (effective_dv)
+        moved[-1] += memory_extra(self.whole, self.objective.caches)  # as effective_dv charges it
         links = self.objective.links(moved)
         self.register_floor = 0.0
         self._registers = (None, None)

@@ -146,22 +146,24 @@ def test_the_outermost_cache_keeps_a_sweep_of_sliding_windows():
     w = builtin("conv2d", dict(n=2, c=16, h=20, w=20, k=16, r=3, s=3), params={"pad": 1, "groups": 16})
     order, rows = list(w.dims), {**w.dims, "n": 1, "oh": 1}
     once = (2 * 22 * 22 * 16 + 2 * 20 * 20 * 16 + 3 * 3 * 16) * 4  # input (zero-padded), output, weights
-    (swept, _), *_ = outermost(w, hw, order, rows).sweeps
+    whole = whole_problem(w, hw)
+    (swept, _), *_ = outermost(w, hw, whole, order, rows).sweeps
     assert swept == once
     own = float(data_volume(w, [order], [rows], levels=[0], hardware=hw, offset=2)[0])
     assert own > 2.5 * 2 * 22 * 22 * 16 * 4  # each input row about three times
     dv, mu = [0.0, 0.0, own], [0.0, 0.0, 1000.0]
-    charged = effective_dv(dv, mu, time_objective(hw).caches, whole_problem(w, hw), outermost(w, hw, order, rows))
+    charged = effective_dv(dv, mu, time_objective(hw).caches, whole, outermost(w, hw, whole, order, rows))
     assert charged[2] == once + 2 * 20 * 20 * 16 * 4
     # A GEMM's row tiles reload all of B for each; a sweep of n holds B, and each array moves once.
     gemm = builtin("gemm", {"m": 256, "n": 96, "k": 80})
     tile = {"m": 16, "n": 32, "k": 80}
     assert float(data_volume(gemm, [["m", "n", "k"]], [tile], levels=[0], hardware=hw, offset=2)[0]) == \
         (256 * 80 + 16 * 80 * 96 + 256 * 96) * 4
-    (moved, held), *_ = outermost(gemm, hw, ["m", "n", "k"], tile).sweeps
+    (moved, held), *_ = outermost(gemm, hw, whole_problem(gemm, hw), ["m", "n", "k"], tile).sweeps
     assert (moved, held) == ((256 * 80 + 80 * 96 + 256 * 96) * 4, (16 * 80 + 80 * 96 + 16 * 96) * 4)
     # Where the whole problem fits, it stands in, and moves less than any sweep.
-    assert outermost(builtin("gemm", {"m": 64, "n": 96, "k": 80}), hw, ["m", "n", "k"], tile).sweeps == []
+    small = builtin("gemm", {"m": 64, "n": 96, "k": 80})
+    assert outermost(small, hw, whole_problem(small, hw), ["m", "n", "k"], tile).sweeps == []
 
 
 def test_a_chains_intermediate_buffer_costs_its_first_writes_or_a_round_trip_when_it_spills():
