@@ -46,6 +46,15 @@ def check(workload: Workload, lib, seed: int = 0) -> float:
     return compare(workload, run_kernel(workload, lib, arrays), expected)
 
 
+def settle() -> None:
+    """Wait until the other library's worker threads stop spinning before timing a kernel or numpy.
+
+    OpenBLAS's workers spin for about 0.1 s after each call, and TVM's pool after each kernel;
+    on a 2-core machine a kernel timed at once ran 2-4x slower (gemm 1x4096x4096: 2-4 ms within
+    0.05 s of a np.matmul, 0.7-1.3 ms from 0.1 s on)."""
+    time.sleep(0.2)
+
+
 def _median_seconds(fn, repeat: int) -> float:
     fn()  # warm up
     times = []
@@ -75,14 +84,13 @@ def measure_built(workload: Workload, lib, build_seconds: float | None, repeat: 
     report = progress or (lambda fraction, message: None)
     arrays = random_inputs(workload, seed=1)
     ref = reference(workload)
-    # numpy first: TVM's pool threads spin for a while after each kernel call and would
-    # steal the cores OpenBLAS needs.
-    time.sleep(0.2)
+    settle()
     report(0.0, "timing numpy")
     numpy_s = _median_seconds(lambda: ref(arrays), repeat)
     report(0.5, "checking against numpy")
     error = check(workload, lib)
     report(0.6, "timing the kernel")
+    settle()  # the check ran numpy
     kernel = time_kernel(lib.mod, kernel_args(workload, arrays), repeat)
     report(1.0, "done")
     return measurement(workload, kernel, numpy_s, error, device=cpu_name(), reference="numpy", build_s=build_seconds)

@@ -94,11 +94,11 @@ def time_side_by_side(w, libs, rounds, rng):
 
 
 def numpy_seconds(w):
-    from cachetile.backends.llvm_measure import _median_seconds
+    from cachetile.backends.llvm_measure import _median_seconds, settle
     from cachetile.models.measurement import random_inputs, reference
 
     arrays, ref = random_inputs(w, seed=1), reference(w)
-    time.sleep(0.2)
+    settle()
     return _median_seconds(lambda: ref(arrays), 10)
 
 

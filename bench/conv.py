@@ -106,7 +106,7 @@ def planned(w, hw, time_limit):
     checked against numpy."""
     from cachetile import tune
     from cachetile.backends.base import get_backend
-    from cachetile.backends.llvm_measure import check, kernel_args, time_kernel
+    from cachetile.backends.llvm_measure import check, kernel_args, settle, time_kernel
     from cachetile.models.measurement import random_inputs
 
     start = time.perf_counter()
@@ -115,6 +115,7 @@ def planned(w, hw, time_limit):
     built = get_backend("llvm").build(w, hw, result.plan)
     check(w, built.lib)
     args = kernel_args(w, random_inputs(w))
+    settle()  # the check ran numpy
     seconds = time_kernel(built.lib.mod, args)
     return plan_s, built, seconds, args
 
@@ -166,13 +167,14 @@ def alternating_medians(fns, rounds: int = 10, min_seconds: float = 0.02) -> lis
 
 def layer_rows(hw, layout, time_limit):
     from cachetile.backends.llvm_measure import _median_seconds as median_seconds
+    from cachetile.backends.llvm_measure import settle
 
     rng = np.random.default_rng(0)
     rows, ratios, fused = [], [], []
     for name, sizes, options in LAYERS:
         log(f"conv: {name}")
         w = workload(sizes, options, layout)
-        time.sleep(0.2)
+        settle()
         numpy_s = median_seconds(baseline(sizes, options, rng), 10)
         plan_s, built, kernel_s, args = planned(w, hw, time_limit)
         ratio = numpy_s / kernel_s
