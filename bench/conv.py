@@ -16,7 +16,9 @@ slow OpenBLAS. For chains, `unfused` is the conv and the 1x1 conv planned and
 built as two kernels and run back to back (the second reads the first's output),
 as a network runs them; the pair and the fused kernel are timed from Python in
 alternating rounds (alternating_medians), the pair paying two calls' overhead
-(a few microseconds) against one.
+(a few microseconds) against one. The ceiling beside each ratio is the most any
+fused kernel could gain on that pair (fused_floor: the chain's FLOPs at the peak,
+or its compulsory memory traffic, whichever takes longer).
 `--threads N` runs both OpenBLAS and TVM on N threads (default: every core),
 and plans for that many cores (models/hardware.on_cores: on one core, the
 calibration profile's one-core figures).
@@ -165,6 +167,14 @@ def alternating_medians(fns, rounds: int = 10, min_seconds: float = 0.02) -> lis
     return [float(np.median(t)) for t in times]
 
 
+def fused_floor(w, hw) -> float:
+    """Seconds no fused kernel can beat: its FLOPs at the peak, or its inputs read and outputs
+    written back once (fetched, then evicted) over the memory link, whichever is longer."""
+    moved = sum(w.size(n) * w.elem_bytes * (2 if t.role == "output" else 1)
+                for n, t in w.tensors.items() if t.role != "intermediate")
+    return max(w.flops / hw.peak_flops, moved / hw.levels[-1].bandwidth_bytes_per_s)
+
+
 def layer_rows(hw, layout, time_limit):
     from cachetile.backends.llvm_measure import _median_seconds as median_seconds
     from cachetile.backends.llvm_measure import settle
@@ -186,13 +196,13 @@ def layer_rows(hw, layout, time_limit):
             chain_s, pair = alternating_medians([lambda: main(*args), unfused_pair(sizes, options, layout, hw,
                                                                                    time_limit)])
             fused.append(pair / chain_s)
-            unfused = f"{w.flops / pair / 1e9:.1f} ({pair / chain_s:.2f}x)"
+            unfused = f"{w.flops / pair / 1e9:.1f} ({pair / chain_s:.2f}x; at most {pair / fused_floor(w, hw):.2f}x)"
         shape = f"{sizes['c']}x{sizes['h']}x{sizes['w']} -> {sizes['k']}, {sizes['r']}x{sizes['s']}" + \
             "".join(f" {o}={v}" for o, v in options.items())
         rows.append((name, shape, f"{plan_s:.2f}", f"{built.seconds:.2f}", f"{w.flops / kernel_s / 1e9:.1f}",
                      f"{w.flops / numpy_s / 1e9:.1f}", f"{ratio:.2f}", unfused))
     text = table(("layer", "shape (layout " + layout + ")", "plan s", "build s", "kernel GFLOP/s",
-                  "im2col+matmul GFLOP/s", "kernel/im2col", "unfused pair GFLOP/s (fused/unfused)"), rows)
+                  "im2col+matmul GFLOP/s", "kernel/im2col", "unfused pair GFLOP/s (fused/unfused; its ceiling)"), rows)
     geo = math.exp(sum(map(math.log, ratios)) / len(ratios))
     text += f"\n\ngeomean kernel/im2col+matmul: {geo:.2f} over {len(ratios)} layers (target >= 1.0)"
     if fused:
