@@ -10,7 +10,7 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   a pass of its own when it is the kernel's output (models/caches.output_plan);
 - inputs read from their array unpacked (models/caches.read_once) and too large
   for any cache: the micro-kernel streams them from memory in runs as long as
-  the walk keeps contiguous (`contiguous_run`), and each run's start costs the
+  the walk keeps contiguous (`contiguous_run`: an L1 block's rows), and each run's start costs the
   stream `run_start_bytes` more (calibrated: 256-byte runs on Zen 5 stream at
   0.7x, 64-byte runs at 0.26x the contiguous rate on both cores);
 - parallel regions: the parallel loop is entered once per iteration of the
@@ -160,10 +160,16 @@ def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:
 
 def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> int:
     """Elements in each contiguous run of input `name`'s row-major array as the op's walk reads
-    it unpacked (tiles effective): its register-tile block's run, grown while the loops around
-    the tile move a block that is one run on to the adjacent one."""
+    it unpacked (tiles effective): its L1 block's run, grown while the loops around that block
+    move it on to the adjacent one.
+
+    The L1 block, not the register tile's: the register tiles of one L1 block read all its rows
+    within a few microseconds, and memory streams those as one run. gemm 1x4096x4096 on two
+    cores, one register tile 1x256 each time: L1 blocks 16x256 ran in 1.24-1.31 ms, 16x512 in
+    0.97-1.03, 8x1024 in 0.84-0.89 (register tile 1x128 under the 16x512 block: 0.95-1.00)."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
+    level = min(1, len(tiles) - 1)
 
     def run(block) -> int:
         elements = 1
@@ -173,11 +179,11 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> 
                 break
         return elements
 
-    block = [tiles[0][x] for x in dims]
+    block = [tiles[level][x] for x in dims]
     for x, j in reversed(walk(workload, orders, op)):
         t = trips(tiles, padded, x, j)
-        if x not in dims or t == 1:
-            continue  # the same block again (from the caches), or no move
+        if j < level or x not in dims or t == 1:
+            continue  # inside the block, the same block again (from the caches), or no move
         grown = [b * t if d == x else b for b, d in zip(block, dims)]
         if run(block) != math.prod(block) or run(grown) != math.prod(grown):
             break  # the next block does not continue this one's run

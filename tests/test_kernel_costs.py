@@ -278,3 +278,12 @@ def test_a_kernel_reading_an_input_unpacked_matches_numpy():
     built = build(w, hw, make_plan(w, hw, [["n", "k", "m"]] * 3, tiles))
     assert not [name for name in block_runs(built.emitted.schedule.mod["main"].body) if name.startswith("B")]
     assert check(w, built.lib) < 1e-3
+
+
+def test_an_unpacked_input_runs_along_its_l1_block_rows():
+    """Register tiles 2x64 under an L1 block 4x512 of B: memory streams the block's 512-element
+    rows as runs (all four register tiles read them within the block's lifetime), not the
+    register tile's 64; the next L1 block along k starts new rows."""
+    tiles = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 512, "k": 4}, {"m": 2, "n": 1024, "k": 32}]
+    costs = kernel_costs(DECODE, _streaming_hardware(100.0), DECODE_ORDERS, tiles)
+    assert costs.runs == [("B", 512 * 1024 / 512, 512)]
