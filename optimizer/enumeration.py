@@ -158,8 +158,9 @@ class _Search:
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
         raw = np.empty((len(orders), len(rows)))  # DV in bytes
+        at_top = level == sp.n_levels - 1  # the outermost level
         # The outermost cache moves no more than the outermost tile's sweep (objective.outermost).
-        sweeping = level == sp.n_levels - 1 and sp.objective.caches and sp.objective.caches[level] is not None
+        sweeping = at_top and sp.objective.caches and sp.objective.caches[level] is not None
         cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
@@ -176,7 +177,7 @@ class _Search:
                                                          fitting_dv(sp.objective.caches[level], sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
-        if level == sp.n_levels - 1:
+        if at_top:
             secs = secs + memory_extra(sp.whole, sp.objective.caches, tile) / divisor  # as effective_dv
         self.evaluated += len(rows) * len(orders)
         # Fold in the best the inner levels can do under each child: a bound, and a guide
@@ -201,7 +202,7 @@ class _Search:
         clinks = sp.objective.overlap(plinks, secs)
         # The register tile fixes how close to peak the arithmetic runs; above it, peak is the bound.
         compute = sp.compute_seconds  # a bound until the register tile fixes the plan
-        if level == sp.n_levels - 1:
+        if at_top:
             # Padding to the outermost tile adds flops whatever the inner levels do. (Below it the
             # bound would hold as well, but re-sorting the inner levels' children cost gemm
             # 512x2304x768 its best plan under the beam: 3.92 against 3.87 ms predicted.)
