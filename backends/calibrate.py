@@ -18,9 +18,11 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
 - streaming reads (8 accumulator vectors, so latency does not bind) over a
   working set sized to half of each cache level, and 4x the last level for
   memory: the link filling level l is the stream from level l+1;
-- the same memory stream read in 256-byte runs, one per 16 KiB row (what a
-  micro-kernel reading an unpacked input does): what each run's start adds,
-  in bytes of the contiguous stream;
+- a stream from memory (twice the last level, like a decode step's weights)
+  read in 1 KiB runs, one per 16 KiB row, as the micro-kernel reads an
+  unpacked input whose L1 block is 256 floats wide, timed in turn with the
+  same array read contiguously: what each run's start adds, in bytes of the
+  contiguous stream;
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -47,6 +49,8 @@ BYTES_PER_CALL = 64 * 2**20
 LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads per k step (vectors + broadcasts)
 SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
+RUN_ROUNDS = 3  # strided and contiguous streams timed in turn, for the run start's median ratio
+RUN_BYTES, ROW_BYTES = 1024, 16384  # the strided stream's runs and rows
 
 
 def _target(threads: int):
@@ -133,29 +137,43 @@ def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
     return threads * reps * n * ACCUMULATORS * lanes * 4 / _median_seconds(lib, args)
 
 
-def run_start_seconds(threads: int, bytes_per_thread: int, lanes: int, run_bytes: int = 256,
-                      row_bytes: int = 16384) -> tuple[float, int]:
-    """Seconds per call and runs read (all threads) of a strided stream: each thread reads its
-    array in `run_bytes` runs, one per `row_bytes` row, column of runs after column, as a
-    micro-kernel reads an unpacked input whose register tile is narrower than its rows."""
+def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: int = RUN_BYTES,
+                   row_bytes: int = ROW_BYTES) -> Callable[[], float]:
+    """A timer (median seconds per call) of a strided stream: each thread reads its array in
+    `run_bytes` runs, one per `row_bytes` row, column of runs after column, as a
+    micro-kernel reads an unpacked input whose L1 block is narrower than its rows
+    (run_bytes = row_bytes: the contiguous stream). Each run is summed into ACCUMULATORS
+    vectors, so a run of any length stays in registers."""
     import tvm
     from tvm import te
 
     run = run_bytes // 4
-    chunks = row_bytes // run_bytes
+    chunks, pieces = row_bytes // run_bytes, max(1, run // (ACCUMULATORS * lanes))
     rows = max(1, bytes_per_thread // row_bytes)
     reps = max(1, BYTES_PER_CALL // (threads * rows * row_bytes))
-    A = te.placeholder((threads, rows, chunks, run), "float32", name="A")
-    r, c, i = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, chunks), name="c"), te.reduce_axis((0, rows), name="i")
-    out = te.compute((threads, run), lambda t, v: te.sum(A[t, i, c, v], axis=[r, c, i]), name="out")
+    shape = (threads, rows, chunks, pieces, ACCUMULATORS, lanes)
+    A = te.placeholder(shape, "float32", name="A")
+    r, c = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, chunks), name="c")
+    i, p = te.reduce_axis((0, rows), name="i"), te.reduce_axis((0, pieces), name="p")
+    out = te.compute((threads, ACCUMULATORS, lanes), lambda t, u, v: te.sum(A[t, i, c, p, u, v], axis=[r, c, i, p]),
+                     name="out")
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, out]))
     block = sch.get_sblock("out")
-    t, v, rr, cc, ii = sch.get_loops(block)
-    vo, vi = sch.split(v, factors=[None, lanes])
-    sch.reorder(t, rr, cc, ii, vo, vi)
-    lib = _per_thread_accumulators(sch, block, t, rr, [vo], vi, threads)
-    args = _tensors(np.ones((threads, rows, chunks, run), "float32"), np.zeros((threads, run), "float32"))
-    return _median_seconds(lib, args), threads * reps * rows * chunks
+    t, u, v, rr, cc, ii, pp = sch.get_loops(block)
+    sch.reorder(t, rr, cc, ii, pp, u, v)
+    lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
+    args = _tensors(np.ones(shape, "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
+    return lambda: _median_seconds(lib, args)
+
+
+def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, rounds: int = RUN_ROUNDS) -> list[float]:
+    """Per round, the strided stream's time over the contiguous stream's, the two timed one
+    after the other: memory shared with other tenants changes speed between seconds (the
+    contiguous stream of BENCHMARKS.md's EPYC ran at 57 and at 117 GB/s in one session), and
+    a ratio of neighbours cancels that where two separate figures would not."""
+    strided = strided_stream(threads, bytes_per_thread, lanes)
+    contiguous = strided_stream(threads, bytes_per_thread, lanes, ROW_BYTES)
+    return [strided() / contiguous() for _ in range(rounds)]
 
 
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
@@ -209,12 +227,11 @@ def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: 
     return moved / rest if rest > moved / 1e18 else 1e18  # finite "free" (JSON has no inf)
 
 
-def fit_run_start(strided: tuple[float, int], bandwidth: float, run_bytes: int = 256) -> float:
-    """Bytes of the contiguous stream (at `bandwidth` bytes/s) that each run's start costs, from
-    the strided stream's (seconds, runs) as run_start_seconds returns them; 0 when noise makes
-    the strided stream the faster."""
-    seconds, runs = strided
-    return max(seconds * bandwidth / runs - run_bytes, 0.0)
+def fit_run_start(ratios: list[float], run_bytes: int = RUN_BYTES) -> float:
+    """Bytes of the contiguous stream each run's start costs, from run_start_ratios: a strided
+    stream taking q times the contiguous one spends (q - 1) x run_bytes more per run (median
+    over the rounds); 0 when noise makes the strided stream the faster."""
+    return max((statistics.median(ratios) - 1.0) * run_bytes, 0.0)
 
 
 def calibrate(progress: Progress | None = None) -> Profile:
@@ -258,8 +275,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
                     size //= threads  # the last level is shared
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
         step(f"runs from memory on {threads} core(s)")
-        run_start[threads] = fit_run_start(run_start_seconds(threads, 4 * hw.levels[-1].capacity_bytes // threads, lanes),
-                                           stream["memory"][threads])
+        run_start[threads] = fit_run_start(run_start_ratios(threads, 2 * hw.levels[-1].capacity_bytes // threads, lanes))
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
