@@ -11,7 +11,7 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
 - inputs read from their array unpacked (models/caches.read_once) and too large
   for any cache: the micro-kernel streams them from memory in runs as long as
   the walk keeps contiguous (`contiguous_run`: an L1 block's rows), and each run's start costs the
-  stream `run_start_bytes` more (calibrated with 1 KiB runs: 430-970 bytes on the Zen 5 EPYC of
+  stream `run_start_bytes` more, at most the run's own bytes (`run_start`) (calibrated with 1 KiB runs: 430-970 bytes on the Zen 5 EPYC of
   BENCHMARKS.md, both cores, as its memory's speed changed);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
@@ -116,7 +116,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             run = contiguous_run(workload, orders, op, name, eff, padded)
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
-            costs.copy_seconds += stream(runs * hardware.run_start_bytes, size)
+            costs.copy_seconds += stream(runs * run_start(hardware, run * elem), size)
             streamed = max(streamed, size)
         if streamed:  # the accumulators' stores hold that stream back: as much as their own bytes would
             reloaded = _reloaded_elements(workload, orders, op, eff, padded) * elem
@@ -143,6 +143,18 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def run_start(hardware: Hardware, run_bytes: float) -> float:
+    """Bytes of memory stream one run's start costs: the calibrated figure (measured on 1 KiB
+    runs), but no more than the run itself. The memory system overlaps the next run's start
+    with this run's transfer, so short runs do not pay a whole start each. On the Zen 5 EPYC
+    of BENCHMARKS.md, against the contiguous stream timed beside them: strided 256-byte runs
+    streamed at 0.54x, 1 KiB at 0.72x, 2 KiB at 0.78x and 4 KiB at 0.93x, and gemm
+    8x4096x4096's kernel, reading 128-byte runs, at about 0.45x. A start of 426 bytes (its
+    calibrated figure then) capped at the run gives 0.50, 0.71, 0.83, 0.91 and 0.50, where
+    426 bytes alone would give 0.38 and 0.23 for the short runs."""
+    return min(hardware.run_start_bytes, run_bytes)
 
 
 def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:

@@ -287,3 +287,12 @@ def test_an_unpacked_input_runs_along_its_l1_block_rows():
     tiles = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 512, "k": 4}, {"m": 2, "n": 1024, "k": 32}]
     costs = kernel_costs(DECODE, _streaming_hardware(100.0), DECODE_ORDERS, tiles)
     assert costs.runs == [("B", 512 * 1024 / 512, 512)]
+
+
+def test_a_run_start_costs_no_more_than_the_run():
+    """Runs of 256 elements (1 KiB) under a calibrated start of 600 bytes pay 600 bytes each;
+    under 4000 bytes, they pay their own 1 KiB (the stream at half the contiguous rate)."""
+    plain, some, capped = (kernel_costs(DECODE, _streaming_hardware(b), DECODE_ORDERS, DECODE_TILES)
+                           for b in (0.0, 600.0, 4000.0))
+    assert some.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 600.0
+    assert capped.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 256 * 4
