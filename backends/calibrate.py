@@ -143,7 +143,7 @@ def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: i
     `run_bytes` runs, one per `row_bytes` row, column of runs after column, as a
     micro-kernel reads an unpacked input whose L1 block is narrower than its rows
     (run_bytes = row_bytes: the contiguous stream). Each run is summed into ACCUMULATORS
-    vectors, so a run of any length stays in registers."""
+    vectors, so a run of any length (a multiple of that many vectors) stays in registers."""
     import tvm
     from tvm import te
 
