@@ -119,31 +119,21 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
 
 
 def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
-    """Bytes/s of reading `bytes_per_thread` per thread over and over, on `threads` cores."""
-    import tvm
-    from tvm import te
-
-    n = max(1, bytes_per_thread // 4 // (lanes * ACCUMULATORS))
-    reps = max(1, BYTES_PER_CALL // (threads * n * ACCUMULATORS * lanes * 4))
-    A = te.placeholder((threads, n, ACCUMULATORS, lanes), "float32", name="A")
-    r, i = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, n), name="i")
-    out = te.compute((threads, ACCUMULATORS, lanes), lambda t, u, v: te.sum(A[t, i, u, v], axis=[r, i]), name="out")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([A, out]))
-    block = sch.get_sblock("out")
-    t, u, v, rr, ii = sch.get_loops(block)
-    sch.reorder(t, rr, ii, u, v)
-    lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
-    args = _tensors(np.ones((threads, n, ACCUMULATORS, lanes), "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
-    return threads * reps * n * ACCUMULATORS * lanes * 4 / _median_seconds(lib, args)
+    """Bytes/s of reading `bytes_per_thread` per thread over and over, on `threads` cores: the
+    strided stream whose runs and rows are one step of its accumulators, a contiguous read."""
+    step = ACCUMULATORS * lanes * 4
+    timer, nbytes = strided_stream(threads, bytes_per_thread, lanes, step, step)
+    return nbytes / timer()
 
 
 def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: int = RUN_BYTES,
-                   row_bytes: int = ROW_BYTES) -> Callable[[], float]:
-    """A timer (median seconds per call) of a strided stream: each thread reads its array in
-    `run_bytes` runs, one per `row_bytes` row, column of runs after column, as a
-    micro-kernel reads an unpacked input whose L1 block is narrower than its rows
-    (run_bytes = row_bytes: the contiguous stream). Each run is summed into ACCUMULATORS
-    vectors, so a run of any length (a multiple of that many vectors) stays in registers."""
+                   row_bytes: int = ROW_BYTES) -> tuple[Callable[[], float], int]:
+    """A timer (median seconds per call) and the bytes read per call (all threads) of a strided
+    stream: each thread reads its array in `run_bytes` runs, one per `row_bytes` row, column
+    of runs after column, as a micro-kernel reads an unpacked input whose L1 block is narrower
+    than its rows (run_bytes = row_bytes: the contiguous stream). Each run is summed into
+    ACCUMULATORS vectors, so a run of any length (a multiple of that many vectors) stays in
+    registers."""
     import tvm
     from tvm import te
 
@@ -163,7 +153,7 @@ def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: i
     sch.reorder(t, rr, cc, ii, pp, u, v)
     lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
     args = _tensors(np.ones(shape, "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
-    return lambda: _median_seconds(lib, args)
+    return (lambda: _median_seconds(lib, args)), threads * reps * rows * row_bytes
 
 
 def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, rounds: int = RUN_ROUNDS) -> list[float]:
@@ -171,8 +161,8 @@ def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, rounds: in
     after the other: memory shared with other tenants changes speed between seconds (the
     contiguous stream of BENCHMARKS.md's EPYC ran at 57 and at 117 GB/s in one session), and
     a ratio of neighbours cancels that where two separate figures would not."""
-    strided = strided_stream(threads, bytes_per_thread, lanes)
-    contiguous = strided_stream(threads, bytes_per_thread, lanes, ROW_BYTES)
+    strided, _ = strided_stream(threads, bytes_per_thread, lanes)
+    contiguous, _ = strided_stream(threads, bytes_per_thread, lanes, ROW_BYTES)
     return [strided() / contiguous() for _ in range(rounds)]
 
 
