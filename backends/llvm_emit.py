@@ -241,6 +241,8 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             # elements, instead of a padded output copied out by a pass of its own.
             sch.reverse_compute_inline(sch.get_sblock(op.output))
         _zero_tile(sch, block, workload, op, nests, key, lanes)
+        if workload.tensors[op.output].role == "intermediate":  # its blocks' rows alias like an output's
+            _skew_rows(sch, moves, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
     _vectorize(sch, sch.get_loops(moves)[-1], lanes)  # zeroing or storing the tile: vector moves
 
 

@@ -49,8 +49,9 @@ class KernelCosts:
     # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
     # sum(stream_bytes[l] / bandwidth_l): what a refit of the bandwidths rescales (models/refit.py)
     stream_bytes: list[float] = field(default_factory=list)
-    # (tensor, level it is packed at, bytes copied, bytes of its buffer)
-    copies: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
+    # filled at: None at the root)
+    copies: list[tuple[str, int, float, float, object]] = field(default_factory=list)
     # inputs streamed unpacked from memory: (tensor, contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
@@ -103,7 +104,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
-        costs.copies.append((site.tensor, site.level, nbytes, block * elem))
+        costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
     copied = {site.tensor for site in copies}

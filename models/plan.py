@@ -14,7 +14,7 @@ from .checked import check_hardware, check_plan, check_workload
 from .costmodel import Orders, Tiles, compute_seconds, data_volume, level_usage
 from .gpu import LaunchPlan
 from .hardware import Hardware
-from .objective import outermost, time_objective, whole_problem
+from .objective import swept, time_objective, whole_problem
 from .workload import Workload
 
 Status = Literal["optimal", "feasible", "timeout", "infeasible", "error"]
@@ -72,7 +72,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     serial = costs.seconds if costs else 0.0
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
     whole = whole_problem(workload, hardware)
-    links = objective.links(dv, mu, whole, outermost(workload, hardware, whole, orders[-1], tiles[-1]))
+    links = objective.links(dv, mu, whole, swept(workload, hardware, whole, orders, tiles))
     predicted, worst = objective.value(compute, links, serial)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [

@@ -5,10 +5,10 @@ dv_bytes counts the refills of the blocks the FMA loops read; a cache holding
 an outer tile whole moves only that tile's DV (objective.effective_dv). The kernel also
 copies each packed input: the copy at level L reads the source through every
 level inside L (misses there) and writes its buffer, whose lines are fetched
-for ownership at every level up to L (write-allocate). Where the buffer fits a
-level (its usable share, targets/simd_cpu.py), the lines the copy brought in are
-still there when the FMA loops first read them: those first fills are not
-paid twice. A buffer that also fits beside the level's own tile is fetched
+for ownership at every level up to L (write-allocate). Where the buffers copied
+at the same loop, one after another, fit a level together (its usable share,
+targets/simd_cpu.py), the lines the copy brought in are still there when the
+FMA loops first read them: those first fills are not paid twice. A buffer that also fits beside the level's own tile is fetched
 for ownership once, however often the copy rewrites it (gemm 250^3 packs a
 16 KiB panel of B for every column block: 0.24 MiB of copies, one fetch). An
 output accumulated across a reduction is zeroed first (missing wherever the
@@ -31,14 +31,17 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
     dv = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
     costs = kernel_costs(workload, hardware, orders, tiles)
     target = hardware.target
-    for tensor, level, nbytes, buffer in costs.copies:
+    together = {}  # the buffers filled at one loop position, one after another
+    for _, level, _, buffer, key in costs.copies:
+        together[level, key] = together.get((level, key), 0.0) + buffer
+    for tensor, level, nbytes, buffer, key in costs.copies:
         mine = data_volume(workload, orders, tiles, hardware=hardware, only={tensor})
         for j in range(1, level + 1):
             usable = target.usable_bytes(hardware.levels[j])
             if j == level:
                 dv[j] += nbytes
                 continue
-            credit = min(float(mine[j]), nbytes) if buffer <= usable else 0.0
+            credit = min(float(mine[j]), nbytes) if together[level, key] <= usable else 0.0
             # Rewritten for every tile, a buffer with room beside the level's own tile stays
             # there: fetched for ownership once, not at every rewrite.
             owned = buffer if buffer + mu[j] <= usable else nbytes

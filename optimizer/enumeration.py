@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import fitting_dv, memory_extra, outermost
+from ..models.objective import fitting_dv, grown_sweeps, memory_extra, outermost
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -159,8 +159,8 @@ class _Search:
         divisor = sp.objective.divisors[level]
         raw = np.empty((len(orders), len(rows)))  # DV in bytes
         at_top = level == sp.n_levels - 1  # the outermost level
-        # The outermost cache moves no more than the outermost tile's sweep (objective.outermost).
-        sweeping = at_top and sp.objective.caches and sp.objective.caches[level] is not None
+        # A cache moves no more than its tile's sweeps (objective.swept).
+        fit = sp.objective.caches[level] if sp.objective.caches else None
         cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
         for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
@@ -171,10 +171,11 @@ class _Search:
                 dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 raw[o, lo : lo + CHUNK] = dv
-                if sweeping:
-                    sweeps = outermost(sp.workload, sp.hardware, sp.whole, order, part).sweeps
-                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK],
-                                                         fitting_dv(sp.objective.caches[level], sweeps))
+                if fit is not None:
+                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part).sweeps if at_top else
+                              grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
+                                           outer_tiles[0], fit))
+                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
         if at_top:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume
 from ..models.errors import CachetileError
-from ..models.objective import outermost
+from ..models.objective import swept
 from .space import Space
 
 
@@ -106,7 +106,7 @@ def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray,
     hw = space.hardware
     dv = data_volume(space.workload, orders, tiles, hardware=hw)
     secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole,
-                                 outermost(space.workload, hw, space.whole, orders[-1], tiles[-1]))
+                                 swept(space.workload, hw, space.whole, orders, tiles))
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
     memsum = np.add.reduce([np.asarray(s, dtype=float) for s in secs])
     feasible = np.ones_like(memmax, dtype=bool)
