@@ -1,6 +1,6 @@
 """Model fidelity: predicted against measured time over many plans of one workload.
 
-    chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host]
+    chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host] [--dump DIR]
 
 For each workload: the returned plan, its alternatives and random feasible
 plans (nested legal tiles that fit, random orders), each built with the
@@ -8,11 +8,14 @@ LLVM backend and timed in this process (median of >= 10 runs). Prints per
 workload the Spearman rank correlation of predicted against measured time,
 how far the returned plan is from the fastest measured one, and the model's
 error on the returned plan. Run it with real-time priority (chrt) on a
-shared machine, or quiet: the timings are what the table reports.
+shared machine, or quiet: the timings are what the table reports. `--dump DIR`
+writes each workload's plans and measured seconds to DIR/NAME.json, so that a
+change to the model can be ranked against the same measurements offline.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import random
@@ -71,7 +74,7 @@ def measure_plans(w, hw, plans, repeat: int = 10):
     return [time_kernel(llvm.build(w, hw, p).lib.mod, args, repeat) for p in plans]
 
 
-def fidelity_rows(names, hw, n_plans: int, seed: int = 0):
+def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
     from scipy.stats import spearmanr
 
     from cachetile import builtin
@@ -84,6 +87,9 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0):
         plans = candidate_plans(w, hw, n_plans, random.Random(seed))
         measured = measure_plans(w, hw, plans)
         predicted = [p.predicted_seconds for p in plans]
+        if dump:
+            Path(dump).mkdir(parents=True, exist_ok=True)
+            Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "plans": [p.model_dump() for p in plans]}))
         rho = spearmanr(predicted, measured).statistic
         fastest = min(measured)
         rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}",
@@ -97,6 +103,7 @@ def main():
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--hardware", default="host")
     ap.add_argument("--plans", type=int, default=20)
+    ap.add_argument("--dump", help="write each workload's plans and measurements to DIR/NAME.json")
     args = ap.parse_args()
 
     from cachetile import hardware_from
@@ -107,7 +114,7 @@ def main():
     use_all_cores(hw)
     print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
           f"hardware {hw.name}: {hw.source or ''}\n")
-    rows = fidelity_rows(args.workloads, hw, args.plans)
+    rows = fidelity_rows(args.workloads, hw, args.plans, dump=args.dump)
     print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest", "predicted ms",
                  "returned GFLOP/s"), rows))
     rhos = [float(r[2]) for r in rows]
