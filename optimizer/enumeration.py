@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import fitting_dv, grown_sweeps, memory_extra, outermost
+from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -174,7 +174,7 @@ class _Search:
                 if fit is not None:
                     sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part).sweeps if at_top else
                               grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
-                                           outer_tiles[0], fit))
+                                           outer_tiles[0], fit, INNER_STEPS))
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
