@@ -50,7 +50,7 @@ class Objective:
     def links(self, dv: Sequence, mu: Sequence | None = None, whole: WholeProblem | None = None,
               top: Outermost | None = None) -> list:
         """Each level's cost from its DV in bytes (scalars or arrays); with the levels' MU, the
-        whole problem's (DV, MU) and the outermost tile (`outermost`), from effective_dv."""
+        whole problem's (DV, MU) and the tiles' sweeps (`swept`), from effective_dv."""
         if mu is not None and self.caches:
             dv = effective_dv(dv, mu, self.caches, whole, top)
         return [d / div for d, div in zip(dv, self.divisors)]
@@ -210,8 +210,8 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
     `caches[l]` bytes, no more than the DV of a level outside it (the outermost with what it
     adds standing in, WholeProblem.standing, for its tile `top.tile`), of its own tile's
-    sweeps (`top.sweeps` for the outermost, `top.inner` for the others: `swept`) or of the whole problem whose MU fits
-    (fitting_dv). Scalars or arrays, innermost level first."""
+    sweeps (`top.sweeps` for the outermost, `top.inner` for the others: `swept`) or of the
+    whole problem whose MU fits (fitting_dv). Scalars or arrays, innermost level first."""
     last = len(dv) - 1
     outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
              for j, (d, m) in enumerate(zip(dv, mu))]

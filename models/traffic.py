@@ -8,7 +8,8 @@ level inside L (misses there) and writes its buffer, whose lines are fetched
 for ownership at every level up to L (write-allocate). Where the buffers copied
 at the same loop, one after another, fit a level together (its usable share,
 targets/simd_cpu.py), the lines the copy brought in are still there when the
-FMA loops first read them: those first fills are not paid twice. A buffer that also fits beside the level's own tile is fetched
+FMA loops first read them: those first fills are not paid twice. A buffer that
+also fits beside the level's own tile is fetched
 for ownership once, however often the copy rewrites it (gemm 250^3 packs a
 16 KiB panel of B for every column block: 0.24 MiB of copies, one fetch). An
 output accumulated across a reduction is zeroed first (missing wherever the
