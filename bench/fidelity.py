@@ -34,7 +34,20 @@ WORKLOADS = {
     "gemm-decode-8x4096x1024": ("gemm", {"m": 8, "n": 4096, "k": 1024}),
     "vit-attention-197": ("gemm-chain", {"b": 12, "m": 197, "l": 197, "k": 64, "n": 64}),
     "bert-attention-384": ("gemm-chain", {"b": 12, "m": 384, "l": 384, "k": 64, "n": 64}),
+    # Fused convolution chains (bench/conv.py's): MobileNet's depthwise + pointwise, ResNet's 3x3 -> 1x1.
+    "mbv1-dw+pw-128": ("conv2d", {"n": 1, "c": 128, "h": 56, "w": 56, "k": 128, "r": 3, "s": 3},
+                       {"pad": 1, "groups": 128, "pointwise": 128, "layout": "nhwc"}),
+    "r50-3x3-1x1": ("conv2d", {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3},
+                    {"pad": 1, "pointwise": 256, "layout": "nhwc"}),
 }
+
+
+def workload(name: str):
+    """The workload WORKLOADS names: (kind, dims) or (kind, dims, params)."""
+    from cachetile import builtin
+
+    kind, dims, *params = WORKLOADS[name]
+    return builtin(kind, dims, params=params[0]) if params else builtin(kind, dims)
 
 
 def log(message: str) -> None:
@@ -77,12 +90,9 @@ def measure_plans(w, hw, plans, repeat: int = 10):
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
     from scipy.stats import spearmanr
 
-    from cachetile import builtin
-
     rows = []
     for name in names:
-        kind, dims = WORKLOADS[name]
-        w = builtin(kind, dims)
+        w = workload(name)
         log(f"fidelity: {name}")
         plans = candidate_plans(w, hw, n_plans, random.Random(seed))
         measured = measure_plans(w, hw, plans)
