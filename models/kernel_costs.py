@@ -60,11 +60,10 @@ class KernelCosts:
 
 
 def stream_level(hardware: Hardware, nbytes: float) -> int:
-    """The level whose fill link streams `nbytes`: the one inside the smallest level whose usable
-    share (the target's usable_bytes, as for the tiles) holds them (the outermost, filled from
-    memory, when none does)."""
+    """The level whose fill link streams `nbytes`: the one inside the smallest level that holds
+    them (the outermost, filled from memory, when none does)."""
     levels = hardware.levels
-    home = next((i for i, lv in enumerate(levels) if hardware.target.usable_bytes(lv) >= nbytes), len(levels))
+    home = next((i for i, lv in enumerate(levels) if lv.capacity_bytes >= nbytes), len(levels))
     return max(home - 1, 0) if home < len(levels) else len(levels) - 1
 
 
@@ -107,10 +106,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copy_bytes[site.level] += nbytes
         costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
         source = workload.size(site.tensor) * elem
-        # Its reads come through a cache only where the source and the buffer fit together: gemm
-        # 8x4096x1024 packing all of B (16 MiB into 16 MiB, with a 32 MiB L3) ran 0.45 ms slower
-        # than the same plan reading B unpacked, the two passes' worth at the memory's bandwidth.
-        costs.copy_seconds += stream(nbytes, source + block * elem, shared) + stream(nbytes, block * elem, shared)
+        costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
     copied = {site.tensor for site in copies}
     for op in workload.ops:
         streamed = 0.0  # bytes of the largest input the op streams unpacked from memory

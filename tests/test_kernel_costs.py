@@ -351,28 +351,3 @@ def test_a_run_start_costs_no_more_than_the_run():
                            for b in (0.0, 600.0, 4000.0))
     assert some.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 600.0
     assert capped.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 256 * 4
-
-
-def test_a_copy_reads_through_a_cache_only_where_its_source_and_buffer_fit_together():
-    # All of B (4 MiB) packed at the root into a 4 MiB buffer: an L3 whose usable share holds
-    # both feeds the copy's reads; one that holds either alone but not both leaves them to memory.
-    w = builtin("gemm", {"m": 8, "n": 1024, "k": 1024})
-    orders = [["m", "n", "k"]] * 4
-    tiles = [{"m": 4, "n": 64, "k": 1}, {"m": 8, "n": 128, "k": 32}, {"m": 8, "n": 128, "k": 1024},
-             {"m": 8, "n": 1024, "k": 1024}]
-
-    def streams(l3_bytes):
-        levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
-                  Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
-                  Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=2e11, ways=16),
-                  Level(name="L3", capacity_bytes=l3_bytes, bandwidth_bytes_per_s=5e10, ways=16)]
-        hw = Hardware(name="cpu", levels=levels, peak_flops=4e11, cores=1, vector_bytes=64)
-        costs = kernel_costs(w, hw, orders, tiles)
-        copied = {t: nbytes for t, level, nbytes, buffer, key in costs.copies if level == 3}
-        assert copied["B"] == 4 << 20
-        return costs.stream_bytes
-
-    roomy, tight = streams(16 << 20), streams(8 << 20)  # usable shares 12 MiB and 6 MiB
-    # The 4 MiB buffer is written at L3's fill link (index 2) in both; the reads move to memory's.
-    assert tight[3] - roomy[3] == 4 << 20
-    assert roomy[2] - tight[2] == 4 << 20
