@@ -170,8 +170,7 @@ def alternating_medians(fns, rounds: int = 10, min_seconds: float = 0.02) -> lis
 def fused_floor(w, hw) -> float:
     """Seconds no fused kernel can beat: its FLOPs at the peak, or its inputs read and outputs
     written back once (fetched, then evicted) over the memory link, whichever is longer."""
-    moved = sum(w.size(n) * w.elem_bytes * (2 if t.role == "output" else 1)
-                for n, t in w.tensors.items() if t.role != "intermediate")
+    moved = w.bytes_of("input", "output") + w.bytes_of("output")
     return max(w.flops / hw.peak_flops, moved / hw.levels[-1].bandwidth_bytes_per_s)
 
 

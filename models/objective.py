@@ -249,20 +249,19 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
 
     moved = sum(workload.size(name) for name in workload.tensors) * workload.elem_bytes
     names = [n for n, t in workload.tensors.items() if t.role == "intermediate"]
-    inner = sum(workload.size(n) for n in names)
     held = float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
 
     def buffers(tile: Mapping) -> np.ndarray:
         return workload.elem_bytes * sum(workload.block(n, tile) for n in names)
 
-    written = sum(workload.size(n) for n, t in workload.tensors.items() if t.role == "output") * workload.elem_bytes
+    written = workload.bytes_of("output")
 
     def footprint(tile: Mapping) -> np.ndarray:
         # The consumers walk their own loops whole between writing an intermediate and their last read.
         live = {x: tile[x] if x in workload.shared_loops else workload.dims[x] for x in workload.dims}
         return workload.elem_bytes * sum(workload.block(n, live) for n in workload.tensors)
 
-    return WholeProblem(float(moved), held, 2.0 * inner * workload.elem_bytes, buffers if names else None,
+    return WholeProblem(float(moved), held, 2.0 * workload.bytes_of("intermediate"), buffers if names else None,
                         float(written), hardware.cores, footprint if names else None)
 
 

@@ -231,6 +231,11 @@ class Workload(BaseModel):
         return float(math.prod(float(distinct(ix.coefficients, [self.dims[x] for x in ix.loops]))
                                for ix in self.index(name)))
 
+    def bytes_of(self, *roles: str) -> float:
+        """Bytes of every tensor with one of these roles ("input", "output", "intermediate"),
+        each once: what moving them through a link at least once costs."""
+        return sum(self.size(n) for n, t in self.tensors.items() if t.role in roles) * self.elem_bytes
+
     def block(self, name: str, tile: Mapping[str, np.ndarray | int], within=None) -> np.ndarray | float:
         """Elements of the tensor's block under `tile` (loop -> extent, arrays allowed): the
         product of its loops' tiles, over only the loops in `within` when given. An affine

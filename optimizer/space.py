@@ -186,7 +186,7 @@ class Space:
         self.compute_seconds = float(self.objective.compute(w.flops / self.target.peak_flops(w)))
         self.whole = whole_problem(w, hw)
         # Every level loads each input and output at least once.
-        io_bytes = sum(w.size(n) for n, t in w.tensors.items() if t.role != "intermediate") * w.elem_bytes
+        io_bytes = w.bytes_of("input", "output")
         self.lanes = self.target.lanes(w)
         moved = [io_bytes] * len(hw.levels)
         moved[-1] += memory_extra(self.whole, self.objective.caches)  # as effective_dv charges it
