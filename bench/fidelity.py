@@ -1,16 +1,20 @@
 """Model fidelity: predicted against measured time over many plans of one workload.
 
     chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host] [--dump DIR]
+    python bench/fidelity.py --rerank DIR [--workloads NAME ...] [--hardware host]
 
 For each workload: the returned plan, its alternatives and random feasible
 plans (nested legal tiles that fit, random orders), each built with the
-LLVM backend and timed in this process (median of >= 10 runs). Prints per
-workload the Spearman rank correlation of predicted against measured time,
-how far the returned plan is from the fastest measured one, and the model's
-error on the returned plan. Run it with real-time priority (chrt) on a
+LLVM backend and timed in this process (median of 10 rounds that time every
+plan in turn). Prints per workload the Spearman rank correlation of predicted
+against measured time, how far the returned plan is from the fastest measured
+one, and the model's error on the returned plan. Run it with real-time priority (chrt) on a
 shared machine, or quiet: the timings are what the table reports. `--dump DIR`
 writes each workload's plans and measured seconds to DIR/NAME.json, so that a
-change to the model can be ranked against the same measurements offline.
+change to the model can be ranked against the same measurements offline:
+`--rerank DIR` re-costs those plans with the model as it is now (nothing is
+built or timed) and prints each workload's Spearman then and now, and how far
+from the fastest the plan the model now ranks first ran.
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import json
 import math
 import os
 import random
+import statistics
 import sys
 from pathlib import Path
 
@@ -76,15 +81,24 @@ def _key(plan):
     return tuple((tuple(lp.order), tuple(lp.tile.items())) for lp in plan.levels)
 
 
-def measure_plans(w, hw, plans, repeat: int = 10):
-    """Median seconds of each plan's kernel, all on the same inputs."""
+def measure_plans(w, hw, plans, rounds: int = 10):
+    """Median seconds of each plan's kernel, all on the same inputs, over `rounds` rounds that
+    time every plan in turn (>= 20 ms of calls each), so that drift in the machine's speed
+    (its memory switches between a slow and a fast mode) hits all plans alike instead of the
+    ones timed while it lasts. Timed one plan after the other, the same 140 plans ranked
+    themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md)."""
     from cachetile.backends.base import get_backend
     from cachetile.backends.llvm_measure import kernel_args, time_kernel
     from cachetile.models.measurement import random_inputs
 
     llvm = get_backend("llvm")
     args = kernel_args(w, random_inputs(w))
-    return [time_kernel(llvm.build(w, hw, p).lib.mod, args, repeat) for p in plans]
+    libs = [llvm.build(w, hw, p).lib.mod for p in plans]
+    times = [[] for _ in libs]
+    for _ in range(rounds):
+        for lib, out in zip(libs, times):
+            out.append(time_kernel(lib, args, repeat=1))
+    return [statistics.median(t) for t in times]
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
@@ -108,12 +122,39 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = Non
     return rows
 
 
+def rerank_rows(names, hw, dump: str):
+    """Per workload dumped in `dump`: the plans re-costed by the current model against their
+    dumped measurements."""
+    from scipy.stats import spearmanr
+
+    from cachetile import make_plan
+    from cachetile.models.plan import Plan
+
+    rows = []
+    for name in names:
+        path = Path(dump, f"{name}.json")
+        if not path.exists():
+            continue
+        data = json.loads(path.read_text())
+        w, measured = workload(name), data["meas"]
+        plans = [Plan.model_validate(p) for p in data["plans"]]
+        now = [make_plan(w, hw, [lp.order for lp in p.levels], [lp.tile for lp in p.levels]).predicted_seconds
+               for p in plans]
+        then = [p.predicted_seconds for p in plans]
+        first = min(range(len(now)), key=now.__getitem__)
+        rows.append((name, str(len(plans)), f"{spearmanr(then, measured).statistic:.2f}",
+                     f"{spearmanr(now, measured).statistic:.2f}", f"{measured[first] / min(measured):.3f}",
+                     str(sum(abs(a - b) > 1e-3 * b for a, b in zip(now, then)))))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--hardware", default="host")
     ap.add_argument("--plans", type=int, default=20)
     ap.add_argument("--dump", help="write each workload's plans and measurements to DIR/NAME.json")
+    ap.add_argument("--rerank", metavar="DIR", help="re-cost the plans --dump wrote to DIR; build and time nothing")
     args = ap.parse_args()
 
     from cachetile import hardware_from
@@ -121,6 +162,12 @@ def main():
     from cachetile.backends.llvm_measure import cpu_name
 
     hw = hardware_from(args.hardware)
+    if args.rerank:
+        rows = rerank_rows(args.workloads, hw, args.rerank)
+        print(f"# dumped plans in {args.rerank} re-costed; hardware {hw.name}: {hw.source or ''}\n")
+        print(table(("workload", "plans", "Spearman dumped", "Spearman now", "first now / fastest",
+                     "plans re-costed differently"), rows))
+        return
     use_all_cores(hw)
     print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
           f"hardware {hw.name}: {hw.source or ''}\n")
