@@ -8,10 +8,11 @@ plans (nested legal tiles that fit, random orders), each built with the
 LLVM backend and timed in this process (median of 10 rounds that time every
 plan in turn). Prints per workload the Spearman rank correlation of predicted
 against measured time, how far the returned plan is from the fastest measured
-one, and the model's error on the returned plan. Run it with real-time priority (chrt) on a
-shared machine, or quiet: the timings are what the table reports. `--dump DIR`
-writes each workload's plans and measured seconds to DIR/NAME.json, so that a
-change to the model can be ranked against the same measurements offline:
+one, and the model's error on the returned plan. Run it with real-time
+priority (chrt) on a shared machine, or quiet: the timings are what the table
+reports. `--dump DIR` writes each workload's plans and measured seconds to
+DIR/NAME.json, so that a change to the model can be ranked against the same
+measurements offline:
 `--rerank DIR` re-costs those plans with the model as it is now (nothing is
 built or timed) and prints each workload's Spearman then and now, and how far
 from the fastest the plan the model now ranks first ran.
