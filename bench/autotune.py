@@ -41,7 +41,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from kernels import llvm, log, metaschedule_kernel, random_plan  # noqa: E402
+from kernels import llvm, log, metaschedule_kernel, random_plan, time_in_rounds  # noqa: E402
 from solve_times import table  # noqa: E402
 
 WORKLOADS = [  # (name, kind, dims): non-powers of two in five of eight
@@ -80,17 +80,10 @@ def pool_for(w, hw, first, size, rng):
 
 def time_side_by_side(w, libs, rounds, rng):
     """Each kernel's median time in each of `rounds` interleaved rounds in shuffled order."""
-    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.backends.llvm_measure import kernel_args
     from cachetile.models.measurement import random_inputs
 
-    args = kernel_args(w, random_inputs(w, seed=1))
-    times = [[] for _ in libs]
-    for r in range(rounds):
-        order = list(range(len(libs)))
-        rng.shuffle(order)
-        for i in order:
-            times[i].append(time_kernel(libs[i], args))
-    return times
+    return time_in_rounds(libs, kernel_args(w, random_inputs(w, seed=1)), rounds, rng=rng)
 
 
 def numpy_seconds(w):

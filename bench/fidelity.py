@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import random_plan  # noqa: E402
+from kernels import llvm, log, random_plan, time_in_rounds  # noqa: E402
 from solve_times import table  # noqa: E402
 
 WORKLOADS = {
@@ -54,10 +54,6 @@ def workload(name: str):
 
     kind, dims, *params = WORKLOADS[name]
     return builtin(kind, dims, params=params[0]) if params else builtin(kind, dims)
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def candidate_plans(w, hw, n_plans: int, rng, time_limit: float = 10.0):
@@ -88,18 +84,11 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     (its memory switches between a slow and a fast mode) hits all plans alike instead of the
     ones timed while it lasts. Timed one plan after the other, the same 140 plans ranked
     themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md)."""
-    from cachetile.backends.base import get_backend
-    from cachetile.backends.llvm_measure import kernel_args, time_kernel
+    from cachetile.backends.llvm_measure import kernel_args
     from cachetile.models.measurement import random_inputs
 
-    llvm = get_backend("llvm")
-    args = kernel_args(w, random_inputs(w))
-    libs = [llvm.build(w, hw, p).lib.mod for p in plans]
-    times = [[] for _ in libs]
-    for _ in range(rounds):
-        for lib, out in zip(libs, times):
-            out.append(time_kernel(lib, args, repeat=1))
-    return [statistics.median(t) for t in times]
+    libs = [llvm().build(w, hw, p).lib.mod for p in plans]
+    return [statistics.median(t) for t in time_in_rounds(libs, kernel_args(w, random_inputs(w)), rounds, repeat=1)]
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):

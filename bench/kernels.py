@@ -149,6 +149,22 @@ def random_plan(space, rng):
     raise RuntimeError("no random feasible plan found")
 
 
+def time_in_rounds(libs, args, rounds: int, repeat: int = 10, rng=None) -> list[list[float]]:
+    """Each kernel's time in each of `rounds` rounds (time_kernel: the median of `repeat` runs of
+    >= 20 ms of calls). Every round times each kernel in turn, in an order `rng` shuffles (None:
+    as given), so that drift in the machine's speed hits all kernels alike."""
+    from cachetile.backends.llvm_measure import time_kernel
+
+    times = [[] for _ in libs]
+    for _ in range(rounds):
+        order = list(range(len(libs)))
+        if rng is not None:
+            rng.shuffle(order)
+        for i in order:
+            times[i].append(time_kernel(libs[i], args, repeat))
+    return times
+
+
 def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
     from scipy.stats import spearmanr
 
