@@ -4,8 +4,8 @@ against their unfused pair, and MetaSchedule on one layer.
     python bench/conv.py [--threads N] [--layout nhwc] [--time-limit 10] [--trials 64] [--skip-metaschedule | --skip-layers]
 
 One process. For each layer (ResNet-50 3x3 and 1x1 layers, stride-2 layers, a
-MobileNet depthwise + pointwise pair, a conv -> 1x1 chain; batch 1, and MobileNet's first
-block at batch 8): the plan
+MobileNet depthwise + pointwise pair, conv -> 1x1 chains from ResNet and FSRCNN; batch 1, and
+MobileNet's first block at batch 8): the plan
 `tune` returns (default 10 s limit, `auto`), built by the CPU backend and
 checked against numpy, then timed beside im2col + np.matmul on the same
 arrays, both medians of >= 10 runs. im2col is part of the baseline: zero-pad,
@@ -58,9 +58,18 @@ LAYERS = [
     ("r50 down 1x1 s2", dict(n=1, c=512, h=28, w=28, k=1024, r=1, s=1), dict(stride=2)),
     ("mbv1 dw+pw 128", dict(n=1, c=128, h=56, w=56, k=128, r=3, s=3), dict(pad=1, groups=128, pointwise=128)),
     ("r50 3x3 -> 1x1", dict(n=1, c=64, h=56, w=56, k=64, r=3, s=3), dict(pad=1, pointwise=256)),
+    # FSRCNN's feature extraction (5x5, 1 -> 56 channels) and shrinking (1x1, 56 -> 12) on a 256x256
+    # image: 56 channels per pixel between two light layers, so the unfused pair's intermediate
+    # (14.7 MB) sets its pace, while ResNet's pair above is compute-bound on both sides.
+    ("fsrcnn 5x5 -> 1x1", dict(n=1, c=1, h=256, w=256, k=56, r=5, s=5), dict(pad=2, pointwise=12)),
     # Batch 8: the intermediate (12.8 MB) no longer fits L2, and an unfused pair moves it through memory.
     ("mbv1 dw+pw 32 b8", dict(n=8, c=32, h=112, w=112, k=32, r=3, s=3), dict(pad=1, groups=32, pointwise=64)),
 ]
+
+
+def depthwise(options, channels: int) -> bool:
+    """Whether the layer is depthwise (one group per channel; a 1-channel conv is a plain one)."""
+    return options.get("groups", 1) == channels > 1
 
 
 def log(message: str) -> None:
@@ -75,7 +84,7 @@ def im2col_conv(x, w, sizes, options):
     win = sliding_window_view(xp, (dilation * (r - 1) + 1, dilation * (s - 1) + 1), axis=(1, 2))
     win = win[:, ::stride, ::stride, :, ::dilation, ::dilation]  # n, oh, ow, c, r, s
     n, oh, ow, c = win.shape[:4]
-    if options.get("groups", 1) == c:  # depthwise: per channel, (pixels, R*S) @ (R*S, 1)
+    if depthwise(options, c):  # per channel, (pixels, R*S) @ (R*S, 1)
         cols = np.ascontiguousarray(win.transpose(3, 0, 1, 2, 4, 5)).reshape(c, n * oh * ow, r * s)
         return np.matmul(cols, w).reshape(c, n, oh, ow).transpose(1, 2, 3, 0)
     cols = np.ascontiguousarray(win.transpose(0, 1, 2, 4, 5, 3)).reshape(n * oh * ow, r * s * c)
@@ -86,7 +95,7 @@ def baseline(sizes, options, rng):
     """A function running im2col + matmul (then the 1x1 conv's matmul) on fresh arrays."""
     n, c, h, wd, k = (sizes[x] for x in "nchwk")
     x = rng.standard_normal((n, h, wd, c)).astype(np.float32)
-    if options.get("groups", 1) == c:
+    if depthwise(options, c):
         w = rng.standard_normal((c, sizes["r"] * sizes["s"], 1)).astype(np.float32)
     else:
         w = rng.standard_normal((sizes["r"] * sizes["s"] * c, k)).astype(np.float32)

@@ -434,6 +434,10 @@ def _conv_reference(x, w, stride, pad, dilation, layout, groups):
     ({"n": 1, "c": 6, "h": 9, "w": 9, "k": 4, "r": 1, "s": 1}, {"stride": 3}),
     ({"n": 1, "c": 8, "h": 7, "w": 9, "k": 8, "r": 3, "s": 3}, {"groups": 8, "pad": 1, "layout": "nhwc"}),
     ({"n": 1, "c": 4, "h": 9, "w": 8, "k": 6, "r": 3, "s": 3}, {"groups": 2, "stride": 2}),
+    # Fused chains: a one-channel conv -> 1x1 (FSRCNN's first pair), a depthwise -> pointwise.
+    ({"n": 1, "c": 1, "h": 13, "w": 11, "k": 20, "r": 5, "s": 5}, {"pad": 2, "pointwise": 6, "layout": "nhwc"}),
+    ({"n": 1, "c": 1, "h": 9, "w": 10, "k": 7, "r": 3, "s": 3}, {"pad": 1, "pointwise": 5}),
+    ({"n": 2, "c": 8, "h": 7, "w": 9, "k": 8, "r": 3, "s": 3}, {"groups": 8, "pad": 1, "pointwise": 5, "layout": "nhwc"}),
 ])
 def test_planned_conv_kernels_match_a_sliding_window_reference(sizes, params):
     w = builtin("conv2d", sizes, params=params)
@@ -450,6 +454,9 @@ def test_planned_conv_kernels_match_a_sliding_window_reference(sizes, params):
         else arrays["I"]
     want = _conv_reference(x.astype(np.float64), weights.astype(np.float64), params.get("stride", 1), params.get("pad", 0),
                            params.get("dilation", 1), params.get("layout", "nchw"), params.get("groups", 1))
+    if "pointwise" in params:  # the 1x1 conv over the conv's channels: V is (K, F) nhwc, (F, K) nchw
+        v = arrays["V"].astype(np.float64)
+        want = want @ v if nhwc else np.einsum("nkhw,fk->nfhw", want, v)
     np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-4, atol=1e-4)
 
 
