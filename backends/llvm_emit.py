@@ -193,14 +193,22 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
         _vectorize(sch, order[-1], lanes)
 
 
-def _vectorize(sch, loop, lanes: int | None) -> None:
+def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
+    """Vectorise the loop, split into vectors of `lanes` when it spans more than `vectors` of them."""
     extent = sch.get(loop).extent
     if lanes is None:
         return
     if isinstance(extent, tirx.IntImm) and extent.value > 1:
-        if extent.value > lanes and extent.value % lanes == 0:
+        if extent.value > lanes * vectors and extent.value % lanes == 0:
             loop = sch.split(loop, factors=[None, lanes])[1]
         sch.vectorize(loop)
+
+
+# The register tile's row is zeroed and stored as one vector of up to this many vectors' lanes.
+# Split into single vectors, LLVM (SROA) holds the tile as <64 x float> values and stores each
+# 16-lane slice as an i512, which x86 splits into four 16-byte stores: 63 vextractf32x4 in a
+# 4x64 pointwise conv kernel, none stored whole (bench figures in BENCHMARKS.md).
+TILE_ROW_VECTORS = 4
 
 
 def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int) -> None:
@@ -243,7 +251,7 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         _zero_tile(sch, block, workload, op, nests, key, lanes)
         if workload.tensors[op.output].role == "intermediate":  # its blocks' rows alias like an output's
             _skew_rows(sch, moves, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
-    _vectorize(sch, sch.get_loops(moves)[-1], lanes)  # zeroing or storing the tile: vector moves
+    _vectorize(sch, sch.get_loops(moves)[-1], lanes, TILE_ROW_VECTORS)  # zeroing or storing the tile
 
 
 # Rows of an accumulation buffer a multiple of this many bytes apart fall into a few sets of
@@ -297,7 +305,7 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
             zero = sch.decompose_reduction(block, under_key)
         except s_tir.ScheduleError:
             return  # a cache attached between the loops: the init stays in the block
-    _vectorize(sch, sch.get_loops(zero)[-1], lanes)
+    _vectorize(sch, sch.get_loops(zero)[-1], lanes, TILE_ROW_VECTORS)
 
 
 def _crops(workload, op, padded) -> bool:

@@ -226,6 +226,21 @@ def test_register_tile_does_not_spill():
     assert spills == []
 
 
+def test_register_tile_rows_are_stored_as_whole_vectors():
+    """A register tile's row of four vectors is stored by one vectorised loop: split into single
+    vectors, LLVM held the tile as one wide value and stored each vector in four 16-byte pieces
+    (llvm_emit.TILE_ROW_VECTORS)."""
+    lanes = HOST.vector_bytes // 4
+    w = builtin("gemm", {"m": 64, "n": 8 * lanes, "k": 128})
+    reg = {"m": 4, "n": 4 * lanes, "k": 1}
+    tiles = [reg, {**reg, "k": 128}, *[dict(w.dims)] * (len(HOST.levels) - 2)]
+    built = build(w, HOST, make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles))
+    asm = built.lib.mod.inspect_source("asm")
+    assert _fma_blocks(asm)
+    assert re.findall(r"\tvextract[fi](?:32x4|64x2|128)\s+\$\d+, %[yz]mm\d+, -?\d*\(", asm) == []
+    check(w, built.lib)
+
+
 def _fma_blocks(asm: str) -> list[str]:
     """Basic blocks (split at labels, up to their first jump) that hold the vector FMAs: the
     micro-kernel's loop, without what follows its exit."""
