@@ -204,7 +204,7 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
         sch.vectorize(loop)
 
 
-# The register tile's row is zeroed and stored as one vector of up to this many vectors' lanes.
+# A register tile's row of up to this many vectors is zeroed and stored by one vectorised loop.
 # Split into single vectors, LLVM (SROA) holds the tile as <64 x float> values and stores each
 # 16-lane slice as an i512, which x86 splits into four 16-byte stores: 63 vextractf32x4 in a
 # 4x64 pointwise conv kernel, none stored whole (bench figures in BENCHMARKS.md).
