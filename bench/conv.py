@@ -44,6 +44,7 @@ from numpy.lib.stride_tricks import sliding_window_view  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
+from kernels import log  # noqa: E402
 from solve_times import table  # noqa: E402
 
 # (name, sizes, options): ResNet-50 (v1.5, stride in the 3x3) and MobileNet-v1 layers.
@@ -70,10 +71,6 @@ LAYERS = [
 def depthwise(options, channels: int) -> bool:
     """Whether the layer is depthwise (one group per channel; a 1-channel conv is a plain one)."""
     return options.get("groups", 1) == channels > 1
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def im2col_conv(x, w, sizes, options):

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kernels import log  # noqa: E402
 from solve_times import table  # noqa: E402
 
 SHAPES = [  # name, kind, dims
@@ -41,10 +42,6 @@ SHAPES = [  # name, kind, dims
     ("attention 1024, 16 heads x 64", "gemm-chain", {"b": 16, "m": 1024, "l": 1024, "k": 64, "n": 64}),
     ("attention 2048, 16 heads x 128", "gemm-chain", {"b": 16, "m": 2048, "l": 2048, "k": 128, "n": 128}),
 ]
-
-
-def log(message: str) -> None:
-    print(message, file=sys.stderr, flush=True)
 
 
 def rows(hw, names=None):
