@@ -193,14 +193,14 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
         if np.all(done):
             break
         live = ~np.asarray(done)
-        if live.ndim and not live.all():  # cost only the candidates whose grown tile still fits
-            pick = lambda tile: {x: v[live] if np.shape(v) == live.shape else v for x, v in tile.items()}  # noqa: E731
+        subset = live.ndim and not live.all()  # cost only the candidates whose grown tile still fits
+        pick = (lambda tile: {x: v[live] if np.shape(v) == live.shape else v for x, v in tile.items()}) if subset \
+            else (lambda tile: tile)
+        dv = cost = data_volume(workload, [order, *orders[1:]], [pick(grown), *map(pick, tiles[1:])], levels=[0],
+                                hardware=hardware, offset=level)[0]
+        if subset:  # the others' grown tiles do not fit: no DV of theirs counts
             dv = np.full(live.shape, np.inf)
-            dv[live] = data_volume(workload, [order, *orders[1:]], [pick(grown), *map(pick, tiles[1:])],
-                                   levels=[0], hardware=hardware, offset=level)[0]
-        else:
-            dv = data_volume(workload, [order, *orders[1:]], [grown, *tiles[1:]], levels=[0], hardware=hardware,
-                             offset=level)[0]
+            dv[live] = cost
         sweeps.append((np.where(done, np.inf, dv), mu))
     return sweeps
 
