@@ -130,7 +130,8 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
 
 
 def random_plan(space, rng):
-    """A random plan the backend can emit: nested legal tiles that fit, random orders."""
+    """A random plan the backend can emit: nested legal tiles that fit and the target admits,
+    random orders."""
     w, n = space.workload, space.n_levels
     for _ in range(10_000):
         tiles, parent = [None] * n, dict(w.dims)
@@ -141,6 +142,8 @@ def random_plan(space, rng):
                 ok = c[space.legal(x, c, parent[x], j)]
                 t[x] = int(rng.choice(list(ok) or [space.smallest_tiles()[x]]))
             if space.usage(j, t) > space.hardware.levels[j].capacity_bytes:
+                break
+            if j == 0 and not bool(space.admits([t, *tiles[1:]])):
                 break
             tiles[j], parent = t, t
         else:

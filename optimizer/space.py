@@ -202,13 +202,16 @@ class Space:
         self.lower_bound = float(self.objective.overlap(self.compute_seconds + self.register_floor, *links))
 
     def _register_times(self):
-        """Register tiles that fit, and for each the least register-load time it allows (seconds)."""
-        w, lv = self.workload, self.hardware.levels[0]
+        """Register tiles that fit and the target admits, and for each the least register-load time
+        it allows (seconds)."""
+        w = self.workload
         weights = self.target.register_weights(w)
         rows = fitting_tiles(w, {x: c[self.legal(x, c, w.dims[x], level=0)] for x, c in self.candidates.items()},
                              self.smallest_tiles(), self.capacity(0), self.target)
         if rows is None:
             return None, None
+        admitted = np.broadcast_to(self.admits([rows]), rows[self.loops[0]].shape)
+        rows = {x: r[admitted] for x, r in rows.items()}
         bound = np.broadcast_to(single_level_bound(w, rows, weights), rows[self.loops[0]].shape)
         return rows, self.objective.links([bound])[0]
 
@@ -321,9 +324,10 @@ class Space:
         """MU of `level` for (arrays of) tiles."""
         return self.target.level_usage(self.workload, level, tile, self.stages)
 
-    def launchable(self, tiles) -> np.ndarray | bool:
-        """Whether the tiles make a valid launch (GPUs; True elsewhere)."""
-        return self.target.launchable(self.workload, tiles, self.stages)
+    def admits(self, tiles) -> np.ndarray | bool:
+        """Whether the target admits the tiles (a launch that fits a GPU, register tiles that keep
+        a SIMD CPU's FMA pipes busy; Target.admits)."""
+        return self.target.admits(self.workload, tiles, self.stages)
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
         """Which tiles of loop x (at `level`) nest in the parent tile and obey the target's rules

@@ -97,6 +97,38 @@ def test_accumulators_stored_and_reloaded_cost_at_their_own_bandwidth():
     assert make_plan(w, slow, orders, tiles).predicted_seconds > make_plan(w, plain, orders, tiles).predicted_seconds
 
 
+def test_simd_register_tiles_keep_enough_accumulators_to_hide_the_fma_latency():
+    """The SIMD target admits register tiles of FMA_CHAINS accumulator vectors or more per op (the
+    whole output when it has fewer), and the searches plan within that space."""
+    from cachetile.models.targets.simd_cpu import FMA_CHAINS
+    from cachetile.optimizer.space import Space
+
+    hw = REGISTERS_AND_L1
+    assert FMA_CHAINS == 8
+
+    def admits(w, tile):
+        return bool(hw.target.admits(w, [tile, dict(w.dims)], 1))
+
+    gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})  # 16 lanes: 4 vectors per row
+    assert admits(gemm, {"m": 2, "n": 64, "k": 1}) and admits(gemm, {"m": 8, "n": 16, "k": 64})
+    assert not admits(gemm, {"m": 1, "n": 64, "k": 1}) and not admits(gemm, {"m": 7, "n": 16, "k": 64})
+    assert not admits(gemm, {"m": 3, "n": 32, "k": 8})  # 6 vectors
+    small = builtin("gemm", {"m": 3, "n": 40, "k": 64})  # 3 rows of 3 vectors (the last one partial)
+    assert admits(small, {"m": 3, "n": 40, "k": 1}) and not admits(small, {"m": 3, "n": 32, "k": 1})
+    smaller = builtin("gemm", {"m": 3, "n": 32, "k": 64})  # 6 vectors in all: a tile must take them all
+    assert admits(smaller, {"m": 3, "n": 32, "k": 1}) and not admits(smaller, {"m": 2, "n": 32, "k": 64})
+    chain = builtin("gemm-chain", {"m": 4, "l": 16, "k": 8, "n": 64})  # C: 4 vectors in all, E: 16
+    assert admits(chain, {"m": 4, "l": 16, "k": 1, "n": 32})
+    assert not admits(chain, {"m": 2, "l": 16, "k": 1, "n": 64})  # E has 8, C only 2 of its 4
+    rows = Space(gemm, hw).best_register_tiles(50)
+    assert len(rows) and all(int(m) * -(-int(n) // 16) >= FMA_CHAINS for m, n, _ in rows)
+    result = tune(gemm, hw, time_limit=3, top=5)
+    for plan in [result.plan, *result.alternatives]:
+        assert plan.levels[0].tile["m"] * -(-plan.levels[0].tile["n"] // 16) >= FMA_CHAINS
+    plain = Hardware(name="plain", peak_flops=1e9, levels=REGISTERS_AND_L1.levels)  # no vectors: no rule
+    assert bool(plain.target.admits(gemm, [{"m": 1, "n": 1, "k": 1}, dict(gemm.dims)], 1))
+
+
 def test_a_convolution_window_takes_a_register_per_output_point():
     """Register MU of a 3x3 conv tile: its accumulators, one step of the weights' vectors, and
     the input window's elements of a step (one per output point: neighbours reuse them), while

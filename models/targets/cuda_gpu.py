@@ -95,7 +95,12 @@ class CudaGpu(Target):
             return 1.0
         return gpu.slowdown_floor(workload, self.hardware, tile, stages, self.model(workload))[None, :]
 
+    def admits(self, workload, tiles, stages):
+        return self.launchable(workload, tiles, stages)
+
     def launchable(self, workload, tiles, stages):
+        """Whether the launch fits the device (threads, registers, shared memory, and the tensor
+        core fragments' rules)."""
         model = self.model(workload)
         ok = gpu.launch(workload, self.hardware, tiles, stages, model).feasible
         return ok & model.schedulable(workload, tiles) if model.tensor_cores else ok

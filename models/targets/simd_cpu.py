@@ -138,18 +138,42 @@ class SimdCpu(Target):
             worst = np.maximum(worst, total)
         return np.asarray(worst) * workload.elem_bytes
 
-    def issue_efficiency(self, workload, op, tiles, orders=None):
-        """The op's register tile keeps prod(tile) / lanes accumulator vectors in flight; below
-        FMA_CHAINS the FMA latency, not the pipes, sets the pace. With `orders`, each chain runs
-        `reduction_chain` FMAs before a spatial loop moves to independent accumulators, and the
-        out-of-order window (OOO_FMAS) overlaps that many FMAs of the next tiles' chains."""
+    def accumulators(self, workload, op, tile) -> np.ndarray:
+        """Accumulator vectors the op's register tile `tile` keeps (tiles may be arrays)."""
         lanes = self.vector_lanes(workload)
         dims = workload.tensors[op.output].dims
-        vectors = np.ceil(np.asarray(tiles[0][dims[-1]], dtype=np.float64) / lanes)
+        vectors = np.ceil(np.asarray(tile[dims[-1]], dtype=np.float64) / lanes)
         for x in dims[:-1]:
-            vectors = vectors * np.asarray(tiles[0][x], dtype=np.float64)
+            vectors = vectors * np.asarray(tile[x], dtype=np.float64)
+        return vectors
+
+    def admits(self, workload, tiles, stages):
+        """Register tiles of at least FMA_CHAINS accumulator vectors per op (or all of its output,
+        when smaller), as BLIS sizes its micro-kernel from the FMA latency and pipes. With fewer,
+        the speed rests on what LLVM makes of the loops around the tile, which no DV term sees.
+        72 of the 100 gemm plans bench/fidelity.py measured had 1-4 (BENCHMARKS.md, "Accumulator
+        session"): those whose outer loops LLVM unrolled into a larger tile ran up to 2.7x faster
+        than predicted, those it unrolled into long chains on two accumulators up to 2.6x slower.
+        The plans the model picked had 14-24 and are unchanged."""
+        ok = True
+        for op in workload.ops:
+            whole = self.accumulators(workload, op, workload.dims)
+            ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(FMA_CHAINS, whole))
+        return ok
+
+    def level_filter(self, workload, level, tiles, stages):
+        return self.admits(workload, tiles, stages) if level == 0 else None
+
+    def issue_efficiency(self, workload, op, tiles, orders=None):
+        """The op's register tile keeps its accumulator vectors in flight; below FMA_CHAINS the FMA
+        latency, not the pipes, sets the pace (admits leaves this to outputs of fewer vectors).
+        With `orders`, each chain runs `reduction_chain` FMAs before a spatial loop moves to
+        independent accumulators, and the out-of-order window (OOO_FMAS) overlaps that many FMAs
+        of the next tiles' chains."""
+        vectors = self.accumulators(workload, op, tiles[0])
         if orders is not None:
-            vectors = vectors + OOO_FMAS / reduction_chain(workload, op, orders, tiles)
+            # max: rows whose tiles do not nest have 0 trips (the searches score them infeasible)
+            vectors = vectors + OOO_FMAS / np.maximum(reduction_chain(workload, op, orders, tiles), 1)
         return np.minimum(1.0, vectors / FMA_CHAINS)
 
     def lanes(self, workload):
