@@ -247,7 +247,7 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
     written and read back once."""
     from .costmodel import level_usage
 
-    moved = sum(workload.size(name) for name in workload.tensors) * workload.elem_bytes
+    moved = workload.bytes_of("input", "output", "intermediate")
     names = [n for n, t in workload.tensors.items() if t.role == "intermediate"]
     held = float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
 
