@@ -20,8 +20,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    CacheSite, Layout, cache_records, double_buffer_reason, effective_tiles, holder_block, input_caches, micro_order,
-    outer_shared, output_plan, output_tile, parallel_positions, trips, walk,
+    LINE_BYTES, CacheSite, Layout, cache_records, double_buffer_reason, effective_tiles, holder_block, input_caches,
+    micro_order, outer_shared, output_plan, output_tile, parallel_positions, trips, walk,
 )
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
@@ -178,8 +178,9 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
     for i, loop in enumerate(sch.get_loops(cache)[-rank:]):
-        b = layout.bounds[i][first:]
-        factors = [b[k] // b[k + 1] for k in range(len(b) - 1)] + [b[-1]]
+        # The block's own extent: a layout tile widened to a cache line may exceed it (caches.packed_layout)
+        block, b = sch.get(loop).extent.value, layout.bounds[i][first:]
+        factors = [max(min(b[k], block) // b[k + 1], 1) for k in range(len(b) - 1)] + [min(b[-1], block)]
         parts.append(sch.split(loop, factors=factors))
     order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
     order += [parts[i][-1] for i in layout.inner_order]
@@ -259,7 +260,6 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
 # more rows than the ways (12 on Zen 5's L1d) misses at every step (gemm 1024^3 plans with
 # 23- and 61-row tiles accumulating in such rows: 151 and 129 ms, skewed 12 and 22).
 ROW_ALIAS_BYTES = 512
-LINE_BYTES = 64
 
 
 def _skew_rows(sch, block, row: int, elem_bytes: int) -> None:

@@ -12,11 +12,13 @@ the last op's nest.
 Tensor T's block at level l changes at its *key-slice*: the innermost loop of
 levels >= l that indexes T and runs more than once. A cache of T at level l
 is filled there ("root" when no such loop exists). Inputs are cached at every
-level >= 1 in one packed layout (`Layout`): tiles of each level inside the
-tiles of the level above, and inside a level-1 tile the array's own order
-with the vectorised dim moved last (the micro-kernel loads it as vectors). Accera's thrifty rule skips a cache whose block is
-already contiguous, in the same order, in the buffer it would copy from. In
-the packed layout every aligned block is one contiguous run, so only the
+level >= 1 in one packed layout (`packed_layout`): tiles of each level inside
+the tiles of the level above, and inside a level-1 tile the array's own order
+with the vectorised dim moved last (the micro-kernel loads it as vectors);
+along the array's last dim, tiles shorter than a cache line are widened.
+Accera's thrifty rule skips a cache whose block is already contiguous, in the
+same order, in the buffer it would copy from. The packed layout already holds
+every inner block, contiguous or in rows of a line or more, so only the
 outermost cache of each input copies anything; that one is skipped too when
 the original array already stores the block that way, or when each element is
 read once (`read_once`), where a copy costs more than it could save. Outputs
@@ -160,6 +162,35 @@ class Layout:
         return f"tiles {levels or 'whole'}; [{inner}] inside each"
 
 
+LINE_BYTES = 64  # a cache line on current x86 and Arm cores
+
+
+def packed_layout(workload: Workload, tdims, tiles, padded, micro) -> Layout:
+    """The input's packed layout: tiles of each level inside those of the level above, the
+    array's order inside the level-1 tile with the vectorised dim moved last.
+
+    Along the array's contiguous (last) dim, a tile shorter than a cache line is widened to the
+    largest divisor of the tile above that is a multiple of it and spans at most a line, unless
+    the vectorised dim moved in front of that dim (a transposing pack). Otherwise the copy reads
+    one element per row of the source at each step: LLVM gathers them, and rows a multiple of
+    4 KiB apart all fall into one L1 set. The model's copy bytes do not change; the kernels come
+    nearer them: gemm 1024^3 plans with 26x1 and 1x1 L1 blocks of A ran in 12-15 ms instead of
+    29-45 (the gathers had taken 64% of the time), and the plans `tune` returns for six shapes
+    of bench/shapes.py whose layouts changed ran 0.92-1.00x as long. The micro-kernel reads a
+    narrower block as part of each row, a few cache lines in all, as it does in L1 anyway."""
+    n = len(tiles)
+    bounds = [[padded[x]] + [tiles[j][x] for j in range(n - 1, 0, -1)] for x in tdims]
+    inner_order = sorted(range(len(tdims)), key=lambda i: tdims[i] == micro[-1])
+    last = bounds[-1]
+    line = max(LINE_BYTES // workload.elem_bytes, 1)
+    if inner_order[-1] == len(tdims) - 1:
+        for k in range(1, n):
+            own, parent = last[k], last[k - 1]
+            if own < min(line, parent):
+                last[k] = max(d for d in range(own, min(line, parent) + 1, own) if parent % d == 0)
+    return Layout(dims=list(tdims), bounds=bounds, inner_order=inner_order)
+
+
 def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> bool:
     """True when the array already stores the block contiguously and in the layout's order."""
     first = next((i for i, b in enumerate(block) if b > 1), len(block))
@@ -206,11 +237,7 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
                                            False, None))
                 continue
             tdims = tensor.dims
-            layout = Layout(
-                dims=list(tdims),
-                bounds=[[padded[x]] + [tiles[j][x] for j in range(n - 1, 0, -1)] for x in tdims],
-                inner_order=sorted(range(len(tdims)), key=lambda i: tdims[i] == micro[-1]),
-            )
+            layout = packed_layout(workload, tdims, tiles, padded, micro)
             padded_input = any(padded[x] != workload.dims[x] for x in tdims)
             once = not padded_input and read_once(workload, op, name, tiles, padded)
             copied = False

@@ -9,7 +9,7 @@ from numpy.lib.stride_tricks import sliding_window_view
 import pytest
 import tvm
 
-from cachetile import builtin, make_plan, preset, tune
+from cachetile import builtin, make_plan, preset, tune, workload_from_equations
 from cachetile.backends.base import get_backend
 from cachetile.backends.llvm_build import build, export, llvm_target
 from cachetile.backends.llvm_emit import emit
@@ -121,13 +121,17 @@ def test_cache_copies_move_exactly_the_modelled_volume(kind, dims, order, inner)
     check(w, built.lib)
 
 
+def _three_levels():
+    return Hardware(name="three", levels=[Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e11),
+                                          Level(name="L1", capacity_bytes=1 << 16, bandwidth_bytes_per_s=5e10),
+                                          Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e10)],
+                    peak_flops=1e11, vector_bytes=64)
+
+
 def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
     # The L2 tile is the whole problem. B's L1 tiles are 16 full rows, so its packed layout is
     # B's own row-major order: skipped. A's are 8x16 blocks of 32-wide rows: packing reorders A.
-    hw = Hardware(name="three", levels=[Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e11),
-                                        Level(name="L1", capacity_bytes=1 << 16, bandwidth_bytes_per_s=5e10),
-                                        Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e10)],
-                  peak_flops=1e11, vector_bytes=64)
+    hw = _three_levels()
     w = builtin("gemm", {"m": 32, "n": 32, "k": 32})
     tiles = [{"m": 4, "n": 16, "k": 8}, {"m": 8, "n": 32, "k": 16}, {"m": 32, "n": 32, "k": 32}]
     plan = make_plan(w, hw, [["m", "n", "k"]] * 3, tiles)
@@ -139,6 +143,61 @@ def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
     inputs = {n for n in block_runs(built.emitted.schedule.mod["main"].body) if n.endswith("_global") and n[0] in "AB"}
     assert inputs == {"A_global"}
     check(w, built.lib)
+
+
+def _copy_loops(built, cache: str) -> list[tuple[object, int]]:
+    """(kind, extent) of the loops around the copy block `cache`, outermost first."""
+    loops = []
+
+    def visit(stmt, around):
+        if isinstance(stmt, tvm.tirx.For):
+            visit(stmt.body, around + [(stmt.kind, int(stmt.extent))])
+        elif isinstance(stmt, tvm.tirx.SeqStmt):
+            for s in stmt.seq:
+                visit(s, around)
+        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
+            if stmt.block.name_hint == cache:
+                loops.extend(around)
+            visit(stmt.block.body, around)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body, around)
+
+    visit(built.emitted.schedule.mod["main"].body, [])
+    return loops
+
+
+def test_packed_rows_stay_a_cache_line_long():
+    # A's L1 blocks are 8x1 columns: tiled as they are, A's packed layout would be k-major and
+    # its copy would read one element per row of A at each step (gathers). The layout widens its
+    # k tiles to 16 elements (a line), so the copy reads and writes rows of 16, as vectors.
+    hw = _three_levels()
+    w = builtin("gemm", {"m": 64, "n": 32, "k": 96})
+    tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 32, "k": 1}, {"m": 64, "n": 32, "k": 96}]
+    plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
+    copied = [c for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty]
+    assert [c.layout for c in copied] == ["tiles m64,k96 / m8,k16; [m,k] inside each"]
+    built = build(w, hw, plan)
+    assert _copy_loops(built, "A_global")[-1] == (tvm.tirx.ForKind.VECTORIZED, 16)
+    check(w, built.lib)
+    # k tiles of 3 in 36: widened to 12, the widest divisor of 36 that is a multiple of 3 within a line.
+    w = builtin("gemm", {"m": 64, "n": 32, "k": 36})
+    tiles[1]["k"], tiles[2]["k"] = 3, 36
+    tiles[0]["k"] = 3
+    plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
+    assert [c.layout for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty] == ["tiles m64,k36 / m8,k12; [m,k] inside each"]
+    check(w, build(w, hw, plan).lib)
+
+
+def test_a_transposing_pack_keeps_its_tiles():
+    # B is stored [n, k] but the micro-kernel loads it as vectors along n: the pack moves n
+    # innermost, which no widening of k can make contiguous, so its layout keeps the plan's tiles.
+    hw = _three_levels()
+    w = workload_from_equations("mk,nk->mn", {"m": 64, "n": 32, "k": 96})
+    tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 32, "k": 2}, {"m": 64, "n": 32, "k": 96}]
+    plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
+    layouts = {c.tensor: c.layout for c in plan.caches if not c.skipped_thrifty and c.level != "registers"}
+    assert layouts == {"A": "tiles m64,k96 / m8,k16; [m,k] inside each", "B": "tiles n32,k96 / n32,k2; [k,n] inside each"}
+    check(w, build(w, hw, plan).lib)
 
 
 def test_plan_caches_name_the_key_slice():
