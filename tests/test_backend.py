@@ -145,27 +145,6 @@ def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
     check(w, built.lib)
 
 
-def _copy_loops(built, cache: str) -> list[tuple[object, int]]:
-    """(kind, extent) of the loops around the copy block `cache`, outermost first."""
-    loops = []
-
-    def visit(stmt, around):
-        if isinstance(stmt, tvm.tirx.For):
-            visit(stmt.body, around + [(stmt.kind, int(stmt.extent))])
-        elif isinstance(stmt, tvm.tirx.SeqStmt):
-            for s in stmt.seq:
-                visit(s, around)
-        elif isinstance(stmt, tvm.s_tir.SBlockRealize):
-            if stmt.block.name_hint == cache:
-                loops.extend(around)
-            visit(stmt.block.body, around)
-        elif hasattr(stmt, "body"):
-            visit(stmt.body, around)
-
-    visit(built.emitted.schedule.mod["main"].body, [])
-    return loops
-
-
 def test_packed_rows_stay_a_cache_line_long():
     # A's L1 blocks are 8x1 columns: tiled as they are, A's packed layout would be k-major and
     # its copy would read one element per row of A at each step (gathers). The layout widens its
@@ -177,12 +156,13 @@ def test_packed_rows_stay_a_cache_line_long():
     copied = [c for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty]
     assert [c.layout for c in copied] == ["tiles m64,k96 / m8,k16; [m,k] inside each"]
     built = build(w, hw, plan)
-    assert _copy_loops(built, "A_global")[-1] == (tvm.tirx.ForKind.VECTORIZED, 16)
+    sch = built.emitted.schedule
+    innermost = sch.get(sch.get_loops(sch.get_sblock("A_global"))[-1])
+    assert (innermost.kind, int(innermost.extent)) == (tvm.tirx.ForKind.VECTORIZED, 16)
     check(w, built.lib)
     # k tiles of 3 in 36: widened to 12, the widest divisor of 36 that is a multiple of 3 within a line.
     w = builtin("gemm", {"m": 64, "n": 32, "k": 36})
-    tiles[1]["k"], tiles[2]["k"] = 3, 36
-    tiles[0]["k"] = 3
+    tiles[0]["k"], tiles[1]["k"], tiles[2]["k"] = 3, 3, 36
     plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
     assert [c.layout for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty] == ["tiles m64,k36 / m8,k12; [m,k] inside each"]
     check(w, build(w, hw, plan).lib)
