@@ -52,12 +52,14 @@ Orders = Sequence[Sequence[str]]  # per level, innermost level first; each outer
 Tiles = Sequence[Mapping[str, "np.ndarray | int"]]  # per level, innermost first: loop -> tile extent
 
 
-def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
     """Classes of a loop's blocks at every level (tiles innermost first).
 
     Level j gets arrays (size, count, deepest), each of shape (classes, *candidates):
     blocks of one class share a size and the deepest level >= j with more than one
-    trip on their path (len(tiles) where there is none).
+    trip on their path (len(tiles) where there is none); and `by_deepest`, of shape
+    (len(tiles) + 1, *candidates): the summed size of the blocks whose deepest level
+    is each d, which is all a plain dim's volume needs whatever the orders (_dim_volume).
     """
     n = len(tiles)
     size, count, deepest = np.full((1,), float(extent)), np.ones(1), np.full((1,), n)
@@ -71,13 +73,17 @@ def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np
         size = np.concatenate([t_b, size - (trips - 1) * t_b])
         count = np.concatenate([count * (trips - 1), count])
         deepest = np.concatenate([np.full(trips.shape, j), np.where(trips > 1, j, deepest)])
-        per_level[j] = (size, count, deepest)
+        volume = size * count
+        by_deepest = np.zeros((n + 1,) + size.shape[1:])
+        for d in range(j, n + 1):
+            by_deepest[d] = np.where(deepest == d, volume, 0.0).sum(axis=0)
+        per_level[j] = (size, count, deepest, by_deepest)
     return per_level
 
 
 def block_counts(blocks) -> list[np.ndarray]:
     """N(j): the number of level-j blocks of a loop."""
-    return [count.sum(axis=0) for _, count, _ in blocks]
+    return [count.sum(axis=0) for _, count, _, _ in blocks]
 
 
 def _align(a: np.ndarray, ndim: int) -> np.ndarray:
@@ -93,15 +99,16 @@ def _dim_volume(index, walk_pos, level, n_levels, blocks, cuts) -> np.ndarray:
     of its loops' blocks: each combination of classes counts the product of their
     counts, the distinct indices those sizes touch, and the deeper of their positions.
     """
+    luts = {x: np.array([walk_pos.get((j, x), -1) for j in range(n_levels)] + [-1]) for x in index.loops}
+    if index.plain:
+        # Sum the blocks by their deepest level, whose walk position decides each cut.
+        (x,) = index.loops
+        inside = luts[x][None, :] <= cuts[:, None]
+        return np.tensordot(inside.astype(np.float64), blocks[x][level][3], axes=(1, 0))
     parts = []
     for x in index.loops:
-        size, count, deepest = blocks[x][level]
-        lut = np.array([walk_pos.get((j, x), -1) for j in range(n_levels)] + [-1])
-        parts.append((size, count, lut[deepest]))
-    if index.plain:
-        size, count, pos = parts[0]
-        inside = pos[None] <= cuts.reshape((-1,) + (1,) * pos.ndim)
-        return np.where(inside, count * size, 0.0).sum(axis=1)
+        size, count, deepest, _ = blocks[x][level]
+        parts.append((size, count, luts[x][deepest]))
     m = len(parts)
     cand = np.broadcast_shapes(*[p[0].shape[1:] for p in parts])
 

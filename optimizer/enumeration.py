@@ -66,7 +66,7 @@ class _Search:
                 for seed in register_rows:
                     ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
                 self.rows[j] = rows[ok]
-        self.floor_tables: dict[int, np.ndarray | None] = {}
+        self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
         self.evaluated = 0
 
     def _floor_table(self, level: int) -> np.ndarray | None:

@@ -171,6 +171,9 @@ class Space:
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
     _serial: dict = field(init=False, repr=False, default_factory=dict)  # (orders, tiles) -> serial seconds
+    # level -> enumerate's floor table over this space's candidate grid, which every search
+    # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
+    floor_tables: dict = field(init=False, repr=False, default_factory=dict)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):
