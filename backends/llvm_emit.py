@@ -20,8 +20,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    LINE_BYTES, CacheSite, Layout, cache_records, double_buffer_reason, effective_tiles, holder_block, input_caches,
-    micro_order, outer_shared, output_plan, output_tile, parallel_positions, trips, walk,
+    LINE_BYTES, ROW_ALIAS_BYTES, CacheSite, Layout, cache_records, copied_out, double_buffer_reason, effective_tiles,
+    holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, trips, walk,
 )
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
@@ -229,11 +229,13 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             if _crops(workload, op, padded):
                 sch.reverse_compute_inline(sch.get_sblock(op.output))
             _vectorize(sch, sch.get_loops(back)[-1], lanes)
-        elif _crops(workload, op, padded):
-            # Accumulated in place in the padded output: the crop is a pass of its own, as wide
-            # as a root copy (serial and scalar, it cost gemm 1024^3 with 6-row tiles about 5%).
+        elif copied_out(workload, op, padded):
+            # Accumulated in place in the padded output, or in a copy of an output whose rows
+            # alias: the copy out is a pass of its own, as wide as a root copy (serial and
+            # scalar, a crop cost gemm 1024^3 with 6-row tiles about 5%).
+            out = sch.get_sblock(op.output) if _crops(workload, op, padded) else sch.cache_write(block, 0, "global")
             _skew_rows(sch, block, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
-            crop = sch.get_loops(sch.get_sblock(op.output))
+            crop = sch.get_loops(out)
             if cores > 1:
                 sch.parallel(crop[0])
             _vectorize(sch, crop[-1], lanes)
@@ -253,13 +255,6 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         if workload.tensors[op.output].role == "intermediate":  # its blocks' rows alias like an output's
             _skew_rows(sch, moves, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
     _vectorize(sch, sch.get_loops(moves)[-1], lanes, TILE_ROW_VECTORS)  # zeroing or storing the tile
-
-
-# Rows of an accumulation buffer a multiple of this many bytes apart fall into a few sets of
-# the caches: 4 KiB rows all into one L1 set (64 sets of 64-byte lines), so a register tile of
-# more rows than the ways (12 on Zen 5's L1d) misses at every step (gemm 1024^3 plans with
-# 23- and 61-row tiles accumulating in such rows: 151 and 129 ms, skewed 12 and 22).
-ROW_ALIAS_BYTES = 512
 
 
 def _skew_rows(sch, block, row: int, elem_bytes: int) -> None:

@@ -163,6 +163,31 @@ class Layout:
 
 
 LINE_BYTES = 64  # a cache line on current x86 and Arm cores
+# Rows of an accumulation buffer a multiple of this many bytes apart fall into a few sets of
+# the caches: 4 KiB rows all into one L1 set (64 sets of 64-byte lines), so a register tile of
+# more rows than the ways (12 on Zen 5's L1d) misses at every step (gemm 1024^3 plans with
+# 23- and 61-row tiles accumulating in such rows: 151 and 129 ms, skewed 12 and 22).
+ROW_ALIAS_BYTES = 512
+
+
+def rows_alias(workload: Workload, tensor: str, padded) -> bool:
+    """Whether the rows of `tensor` (over the `padded` extents) are a multiple of ROW_ALIAS_BYTES
+    long, so that a block of its rows crowds a few sets of every cache."""
+    row = padded[workload.tensors[tensor].dims[-1]] * workload.elem_bytes
+    return len(workload.tensors[tensor].dims) > 1 and row % ROW_ALIAS_BYTES == 0
+
+
+def copied_out(workload: Workload, op: Op, padded) -> bool:
+    """Whether an output accumulated in place (output_plan with no holder) accumulates in a
+    buffer of its own that a pass then copies to the array: when the op computes a padded
+    output (the pass crops it), or when the output's rows alias (rows_alias), so that the
+    buffer's rows are skewed apart. On the Xeon of BENCHMARKS.md, gemm 1024^3 plans whose k loop
+    ran outermost, accumulating 512-row blocks of 4 KiB rows in the array, took 6.75 and 6.80 ms,
+    and 5.97 and 6.25 ms in the skewed buffer, its copy included (with 256-row blocks, which
+    alias less: 5.98 and 5.94 ms)."""
+    out = workload.tensors[op.output]
+    padded_out = any(padded[x] != workload.dims[x] for x in out.dims)
+    return out.role == "output" and (padded_out or rows_alias(workload, op.output, padded))
 
 
 def packed_layout(workload: Workload, tdims, tiles, padded, micro) -> Layout:
@@ -315,6 +340,8 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
                       f"{attach_name(plan.start, level_names)}, accumulated by the register tile, written back once")
         else:
             layout = f"zeroed at {attach_name(plan.start, level_names)}, accumulated in place"
+            if copied_out(workload, op, padded):
+                layout += " in a buffer of the whole output (rows skewed), copied out once"
         records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
                                    layout=layout, double_buffer=False, skipped_thrifty=False))
     return records

@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from .caches import effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
+from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .workload import Workload
@@ -132,7 +132,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         size = _prod(padded[x] for x in out) * elem
         if plan.holder is None:  # zeroed in place, a pass over the whole output
             real = _prod(workload.dims[x] for x in out) * elem
-            cropped = real if real < size else 0.0  # padded: then copied out by a pass of its own
+            # padded, or rows that alias: then copied out by a pass of its own
+            cropped = real if copied_out(workload, op, padded) else 0.0
             costs.outputs.append((op.output, size, size, cropped))
             costs.copy_seconds += stream(size, size)
             if cropped:  # reads the padded output, writes the array; over the cores like a root copy

@@ -235,6 +235,30 @@ def test_accumulation_rows_a_multiple_of_512_bytes_are_skewed_by_a_line():
     check(w, built.lib)
 
 
+def test_an_output_in_place_whose_rows_alias_accumulates_in_a_skewed_copy():
+    """With the k loop outermost, no output loop with several trips runs above it, so there is no
+    block buffer and the output accumulates in place: in the array itself when its rows are 320
+    bytes long, but when they are 1 KiB (rows_alias) in a buffer of the whole output, its rows
+    skewed by a line, copied out once; kernel_costs counts that copy."""
+    from cachetile.models.kernel_costs import kernel_costs
+
+    for n, copied in ((80, False), (256, True)):
+        w = builtin("gemm", {"m": 96, "n": n, "k": 64})
+        tiles = [{"m": 4, "n": 16, "k": 1}, {"m": 32, "n": n, "k": 8}, dict(w.dims), dict(w.dims)][: len(HOST.levels)]
+        orders = [["m", "n", "k"], ["k", "m", "n"], *[["m", "n", "k"]] * (len(HOST.levels) - 2)]
+        plan = make_plan(w, HOST, orders, tiles)
+        built = build(w, HOST, plan)
+        lowered = _compacted(built)
+        assert plan.caches[-1].layout.endswith("accumulated in place" + copied * (
+            " in a buffer of the whole output (rows skewed), copied out once"))
+        skewed = re.search(r"C_global = T\.(sblock_)?alloc_buffer\(\(96, 256\), strides=\(272, 1\)\)", lowered)
+        assert (skewed is not None) == copied and ("C_global" in lowered) == copied, lowered[:3000]
+        size = 96 * n * 4.0
+        costs = kernel_costs(w, HOST, orders, tiles)
+        assert costs.outputs == [("C", size, size, size if copied else 0.0)]
+        check(w, built.lib)
+
+
 def test_a_chains_intermediate_rows_a_multiple_of_512_bytes_are_skewed_by_a_line():
     """The intermediate of chain 128x128x64x64 has 512-byte rows: unskewed, a 64 x 32 block of it
     falls into 16 of L1's 64 sets, 8 lines each, beside the consumer's output and D blocks
