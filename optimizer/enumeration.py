@@ -67,6 +67,7 @@ class _Search:
                     ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
+        self.charged: set[int] = set()  # levels whose table this search has paid for
         self.evaluated = 0
 
     def _floor_table(self, level: int) -> np.ndarray | None:
@@ -76,18 +77,21 @@ class _Search:
         with +inf where the tile does not fit, then a running minimum along every
         axis, so one lookup bounds all tiles nested inside a parent tile.
         """
+        sp = self.space
+        shape = tuple(len(sp.candidates[x]) for x in sp.loops)
+        if level not in self.charged and np.prod(shape) <= GRID_LIMIT:
+            # Every search pays for the table as if it built it: sharing it saves time without
+            # moving where the work budget stops the searches (so the plans stay the same).
+            if self.deadline.expired():
+                raise _Timeout
+            self.deadline.spend(sp.work(len(self.grid)))
+            self.charged.add(level)
         if level not in self.floor_tables:
-            sp = self.space
-            shape = tuple(len(sp.candidates[x]) for x in sp.loops)
             table = None
             if np.prod(shape) <= GRID_LIMIT:
-                if self.deadline.expired():
-                    raise _Timeout
                 tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
-                lv = sp.hardware.levels[level]
                 weights = sp.target.register_weights(sp.workload) if level == 0 else None
                 t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
-                self.deadline.spend(sp.work(len(self.grid)))
                 t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
                 for axis in range(len(shape)):
                     t = np.minimum.accumulate(t, axis=axis)
