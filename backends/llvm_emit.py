@@ -20,8 +20,8 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    LINE_BYTES, ROW_ALIAS_BYTES, CacheSite, Layout, cache_records, copied_out, double_buffer_reason, effective_tiles,
-    holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, trips, walk,
+    LINE_BYTES, CacheSite, Layout, cache_records, copied_out, double_buffer_reason, effective_tiles, holder_block,
+    input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases, trips, walk,
 )
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
@@ -259,10 +259,10 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
 
 def _skew_rows(sch, block, row: int, elem_bytes: int) -> None:
     """Pad the rows of the buffer `block` accumulates into (its write 0, `row` elements long
-    once compacted) by one cache line when their length is a multiple of ROW_ALIAS_BYTES, so
-    consecutive rows start in different cache sets."""
+    once compacted) by one cache line when they alias (caches.row_aliases), so consecutive
+    rows start in different cache sets."""
     ndim = len(sch.get(block).writes[0].region)
-    if ndim < 2 or (row * elem_bytes) % ROW_ALIAS_BYTES:
+    if ndim < 2 or not row_aliases(row * elem_bytes):
         return
     sch.storage_align(block, 0, ndim - 2, factor=2 * row, offset=row + max(1, LINE_BYTES // elem_bytes))
 

@@ -170,11 +170,15 @@ LINE_BYTES = 64  # a cache line on current x86 and Arm cores
 ROW_ALIAS_BYTES = 512
 
 
+def row_aliases(row_bytes: int) -> bool:
+    """Whether rows this many bytes long, one after another, crowd a few sets of every cache."""
+    return row_bytes % ROW_ALIAS_BYTES == 0
+
+
 def rows_alias(workload: Workload, tensor: str, padded) -> bool:
-    """Whether the rows of `tensor` (over the `padded` extents) are a multiple of ROW_ALIAS_BYTES
-    long, so that a block of its rows crowds a few sets of every cache."""
-    row = padded[workload.tensors[tensor].dims[-1]] * workload.elem_bytes
-    return len(workload.tensors[tensor].dims) > 1 and row % ROW_ALIAS_BYTES == 0
+    """Whether `tensor` has rows (over the `padded` extents) that alias (row_aliases)."""
+    dims = workload.tensors[tensor].dims
+    return len(dims) > 1 and row_aliases(padded[dims[-1]] * workload.elem_bytes)
 
 
 def copied_out(workload: Workload, op: Op, padded) -> bool:

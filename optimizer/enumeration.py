@@ -79,7 +79,9 @@ class _Search:
         """
         sp = self.space
         shape = tuple(len(sp.candidates[x]) for x in sp.loops)
-        if level not in self.charged and np.prod(shape) <= GRID_LIMIT:
+        if np.prod(shape) > GRID_LIMIT:
+            return None
+        if level not in self.charged:
             # Every search pays for the table as if it built it: sharing it saves time without
             # moving where the work budget stops the searches (so the plans stay the same).
             if self.deadline.expired():
@@ -87,16 +89,13 @@ class _Search:
             self.deadline.spend(sp.work(len(self.grid)))
             self.charged.add(level)
         if level not in self.floor_tables:
-            table = None
-            if np.prod(shape) <= GRID_LIMIT:
-                tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
-                weights = sp.target.register_weights(sp.workload) if level == 0 else None
-                t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
-                t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
-                for axis in range(len(shape)):
-                    t = np.minimum.accumulate(t, axis=axis)
-                table = t
-            self.floor_tables[level] = table
+            tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
+            weights = sp.target.register_weights(sp.workload) if level == 0 else None
+            t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
+            t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
+            for axis in range(len(shape)):
+                t = np.minimum.accumulate(t, axis=axis)
+            self.floor_tables[level] = t
         return self.floor_tables[level]
 
     def _inner_floor(self, level: int, rows: np.ndarray, first: int = 0, held=None) -> np.ndarray:
