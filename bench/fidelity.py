@@ -1,7 +1,7 @@
 """Model fidelity: predicted against measured time over many plans of one workload.
 
     chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host] [--dump DIR]
-    python bench/fidelity.py --rerank DIR [--workloads NAME ...] [--hardware host]
+    python bench/fidelity.py --rerank DIR [DIR ...] [--workloads NAME ...] [--hardware host]
 
 For each workload: the returned plan, its alternatives and random feasible
 plans (nested legal tiles that fit, random orders), each built with the
@@ -15,7 +15,9 @@ DIR/NAME.json, so that a change to the model can be ranked against the same
 measurements offline:
 `--rerank DIR` re-costs those plans with the model as it is now (nothing is
 built or timed) and prints each workload's Spearman then and now, and how far
-from the fastest the plan the model now ranks first ran.
+from the fastest the plan the model now ranks first ran. Given several dumps
+(runs on the same machine), it prints each dump's figures and their means, so
+that a change is judged against more than one run's noise.
 """
 from __future__ import annotations
 
@@ -112,9 +114,9 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = Non
     return rows
 
 
-def rerank_rows(names, hw, dump: str):
-    """Per workload dumped in `dump`: the plans re-costed by the current model against their
-    dumped measurements."""
+def rerank_rows(names, hw, dumps: list[str]):
+    """Per workload dumped in every one of `dumps`: the plans re-costed by the current model against
+    their dumped measurements; with several dumps, each one's figures and their means."""
     from scipy.stats import spearmanr
 
     from cachetile import make_plan
@@ -122,19 +124,22 @@ def rerank_rows(names, hw, dump: str):
 
     rows = []
     for name in names:
-        path = Path(dump, f"{name}.json")
-        if not path.exists():
+        paths = [Path(d, f"{name}.json") for d in dumps]
+        if not all(p.exists() for p in paths):
             continue
-        data = json.loads(path.read_text())
-        w, measured = workload(name), data["meas"]
-        plans = [Plan.model_validate(p) for p in data["plans"]]
-        now = [make_plan(w, hw, [lp.order for lp in p.levels], [lp.tile for lp in p.levels]).predicted_seconds
-               for p in plans]
-        then = [p.predicted_seconds for p in plans]
-        first = min(range(len(now)), key=now.__getitem__)
-        rows.append((name, str(len(plans)), f"{spearmanr(then, measured).statistic:.2f}",
-                     f"{spearmanr(now, measured).statistic:.2f}", f"{measured[first] / min(measured):.3f}",
-                     str(sum(abs(a - b) > 1e-3 * b for a, b in zip(now, then)))))
+        w, then, now, first, changed = workload(name), [], [], [], 0
+        for path in paths:
+            data = json.loads(path.read_text())
+            measured, plans = data["meas"], [Plan.model_validate(p) for p in data["plans"]]
+            costs = [make_plan(w, hw, [lp.order for lp in p.levels], [lp.tile for lp in p.levels]).predicted_seconds
+                     for p in plans]
+            dumped = [p.predicted_seconds for p in plans]
+            then.append(spearmanr(dumped, measured).statistic)
+            now.append(spearmanr(costs, measured).statistic)
+            first.append(measured[min(range(len(costs)), key=costs.__getitem__)] / min(measured))
+            changed += sum(abs(a - b) > 1e-3 * b for a, b in zip(costs, dumped))
+        rows.append((name, str(len(plans)), f"{statistics.mean(then):.2f}", f"{statistics.mean(now):.2f}",
+                     " ".join(f"{r:.2f}" for r in now), " ".join(f"{f:.3f}" for f in first), str(changed)))
     return rows
 
 
@@ -144,7 +149,8 @@ def main():
     ap.add_argument("--hardware", default="host")
     ap.add_argument("--plans", type=int, default=20)
     ap.add_argument("--dump", help="write each workload's plans and measurements to DIR/NAME.json")
-    ap.add_argument("--rerank", metavar="DIR", help="re-cost the plans --dump wrote to DIR; build and time nothing")
+    ap.add_argument("--rerank", metavar="DIR", nargs="+",
+                    help="re-cost the plans --dump wrote to each DIR; build and time nothing")
     args = ap.parse_args()
 
     from cachetile import hardware_from
@@ -154,9 +160,13 @@ def main():
     hw = hardware_from(args.hardware)
     if args.rerank:
         rows = rerank_rows(args.workloads, hw, args.rerank)
-        print(f"# dumped plans in {args.rerank} re-costed; hardware {hw.name}: {hw.source or ''}\n")
-        print(table(("workload", "plans", "Spearman dumped", "Spearman now", "first now / fastest",
-                     "plans re-costed differently"), rows))
+        print(f"# dumped plans in {' '.join(args.rerank)} re-costed; hardware {hw.name}: {hw.source or ''}\n")
+        print(table(("workload", "plans", "Spearman dumped (mean)", "Spearman now (mean)", "Spearman now, per dump",
+                     "first now / fastest, per dump", "plans re-costed differently"), rows))
+        if rows:
+            now = [float(r[3]) for r in rows]
+            print(f"\nmean Spearman dumped {statistics.mean(float(r[2]) for r in rows):.3f}, now "
+                  f"{statistics.mean(now):.3f}; workloads at >= 0.8 now: {sum(r >= 0.8 for r in now)} of {len(rows)}")
         return
     use_all_cores(hw)
     print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
