@@ -25,7 +25,7 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    effective_tiles, gpu_cache_records, gpu_shared_copy, is_producer, key_slice, output_tile, trips, walk,
+    crops, effective_tiles, gpu_cache_records, gpu_shared_copy, is_producer, key_slice, output_tile, trips, walk,
 )
 from ..models.gpu import VECTOR_BYTES, block_loops, copy_policy, grid_blocks, threads
 from ..models.errors import InvalidInput
@@ -68,7 +68,7 @@ def emit_cuda(workload: Workload, hardware: Hardware, plan: Plan) -> Emitted:
     for op in workload.ops:
         store = _accumulate(sch, blocks[op.name], workload, op, orders, tiles, padded, loops, grid)
         _unroll_points(sch, loops, workload, op)
-        if block_name(workload, op, padded) != op.output and workload.tensors[op.output].role == "output":
+        if crops(workload, op, padded):
             _crop(sch, sch.get_sblock(op.output), store, n_threads)
     inline_padding(sch, workload, padded)
     buffered = _multi_buffer(sch, pipelined, stages) if stages > 1 else set()  # last: it lists the blocks as they are now

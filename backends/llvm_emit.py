@@ -20,8 +20,9 @@ from __future__ import annotations
 from tvm import s_tir, tirx
 
 from ..models.caches import (
-    LINE_BYTES, CacheSite, Layout, cache_records, copied_out, double_buffer_reason, effective_tiles, holder_block,
-    input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases, trips, walk,
+    LINE_BYTES, CacheSite, Layout, cache_records, copied_out, crops, double_buffer_reason, effective_tiles,
+    holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
+    trips, walk,
 )
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
@@ -226,14 +227,14 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             back = sch.cache_write(block, 0, "global")
             _skew_rows(sch, block, holder_block(workload, orders, op, tiles, padded, holder)[-1], workload.elem_bytes)
             sch.reverse_compute_at(back, nests.get(op, holder), preserve_unit_loops=True)
-            if _crops(workload, op, padded):
+            if crops(workload, op, padded):
                 sch.reverse_compute_inline(sch.get_sblock(op.output))
             _vectorize(sch, sch.get_loops(back)[-1], lanes)
         elif copied_out(workload, op, padded):
             # Accumulated in place in the padded output, or in a copy of an output whose rows
             # alias: the copy out is a pass of its own, as wide as a root copy (serial and
             # scalar, a crop cost gemm 1024^3 with 6-row tiles about 5%).
-            out = sch.get_sblock(op.output) if _crops(workload, op, padded) else sch.cache_write(block, 0, "global")
+            out = sch.get_sblock(op.output) if crops(workload, op, padded) else sch.cache_write(block, 0, "global")
             _skew_rows(sch, block, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
             crop = sch.get_loops(out)
             if cores > 1:
@@ -247,7 +248,7 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         # tile where cache_write put it: inside that loop already.
         if key is not None and not outer_shared(workload, op, key, len(tiles) - 1):
             sch.reverse_compute_at(moves, nests.get(op, key), preserve_unit_loops=True)
-        if _crops(workload, op, padded):
+        if crops(workload, op, padded):
             # Crop at write-back, as BLAS does: the tile's store writes only the output's real
             # elements, instead of a padded output copied out by a pass of its own.
             sch.reverse_compute_inline(sch.get_sblock(op.output))
@@ -301,11 +302,6 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
         except s_tir.ScheduleError:
             return  # a cache attached between the loops: the init stays in the block
     _vectorize(sch, sch.get_loops(zero)[-1], lanes, TILE_ROW_VECTORS)
-
-
-def _crops(workload, op, padded) -> bool:
-    """Whether the op computes a padded copy of an output that a crop block then copies out."""
-    return workload.tensors[op.output].role == "output" and block_name(workload, op, padded) != op.output
 
 
 def _double_buffer(sch, copies) -> None:

@@ -14,6 +14,7 @@ from typing import Mapping
 
 from tvm import te, tirx
 
+from ..models.caches import crops
 from ..models.workload import Workload
 
 
@@ -21,8 +22,7 @@ def block_name(workload: Workload, op, padded: Mapping[str, int]) -> str:
     """The TensorIR block that computes an op: named after its output tensor when it writes
     the output array itself (so the kernel's arguments carry the workload's names), else
     after the op (it computes a padded or intermediate buffer)."""
-    out = workload.tensors[op.output]
-    return op.output if out.role == "output" and all(padded[x] == workload.dims[x] for x in out.dims) else op.name
+    return op.output if workload.tensors[op.output].role == "output" and not crops(workload, op, padded) else op.name
 
 
 def pad_name(tensor: str) -> str:

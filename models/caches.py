@@ -181,6 +181,13 @@ def rows_alias(workload: Workload, tensor: str, padded) -> bool:
     return len(dims) > 1 and row_aliases(padded[dims[-1]] * workload.elem_bytes)
 
 
+def crops(workload: Workload, op: Op, padded) -> bool:
+    """Whether the op computes a padded copy of an output array (a loop of the output is padded),
+    which a crop then copies out."""
+    out = workload.tensors[op.output]
+    return out.role == "output" and any(padded[x] != workload.dims[x] for x in out.dims)
+
+
 def copied_out(workload: Workload, op: Op, padded) -> bool:
     """Whether an output accumulated in place (output_plan with no holder) accumulates in a
     buffer of its own that a pass then copies to the array: when the op computes a padded
@@ -190,8 +197,7 @@ def copied_out(workload: Workload, op: Op, padded) -> bool:
     and 5.97 and 6.25 ms in the skewed buffer, its copy included (with 256-row blocks, which
     alias less: 5.98 and 5.94 ms)."""
     out = workload.tensors[op.output]
-    padded_out = any(padded[x] != workload.dims[x] for x in out.dims)
-    return out.role == "output" and (padded_out or rows_alias(workload, op.output, padded))
+    return crops(workload, op, padded) or (out.role == "output" and rows_alias(workload, op.output, padded))
 
 
 def packed_layout(workload: Workload, tdims, tiles, padded, micro) -> Layout:
