@@ -130,8 +130,8 @@ def metaschedule_rows(workloads, hw, trials, time_limit):
 
 
 def random_plan(space, rng):
-    """A random plan the backend can emit: nested legal tiles that fit and the target admits,
-    random orders."""
+    """A random plan the backend can emit: nested legal tiles that fit, random orders, a plan the
+    target admits."""
     w, n = space.workload, space.n_levels
     for _ in range(10_000):
         tiles, parent = [None] * n, dict(w.dims)
@@ -147,8 +147,10 @@ def random_plan(space, rng):
                 break
             tiles[j], parent = t, t
         else:
-            orders = [list(space.orders[rng.randrange(len(space.orders))]) for _ in range(n)]
-            return orders, tiles
+            for _ in range(100):  # the target may admit the tiles under some orders only
+                orders = [list(space.orders[rng.randrange(len(space.orders))]) for _ in range(n)]
+                if bool(space.admits(tiles, orders)):
+                    return orders, tiles
     raise RuntimeError("no random feasible plan found")
 
 

@@ -29,7 +29,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .costmodel import overlapped, predicted_seconds
+from .costmodel import overlapped, parallel_candidates, parallel_loops, predicted_seconds
 from .hardware import Hardware
 
 
@@ -130,6 +130,7 @@ class Outermost(NamedTuple):
     tile: Mapping
     sweeps: list
     inner: Mapping[int, list] = {}
+    private: np.ndarray | float = 0.0  # bytes each core's private caches receive at least (private_floor)
 
 
 def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping) -> Outermost:
@@ -163,7 +164,8 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.)"""
-    top = outermost(workload, hardware, whole, orders[-1], tiles[-1])
+    top = outermost(workload, hardware, whole, orders[-1], tiles[-1])._replace(
+        private=private_floor(workload, hardware, orders, tiles))
     inner = {}
     for level in range(len(tiles) - 1):
         fit = hardware.target.cache_bytes(level)
@@ -171,6 +173,42 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
             inner[level] = grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
                                         INNER_STEPS)
     return top._replace(inner=inner)
+
+
+def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | float:
+    """Bytes the private caches (every level inside the shared outermost one) of all cores
+    receive at least: each output once, and each input once per core that runs part of the
+    parallel loop (costmodel.parallel_loops) unless that loop splits it. A cache holding the
+    whole of an input still fetches it once per core: gpt-2's decode GEMM 16x3072x768 with its
+    4 row tiles split over 2 cores ran in 0.52 ms, with the same tiles and its 48 column tiles
+    split in 0.33 ms, at the same DV; both cores read the 9.4 MB of weights in the first
+    (BENCHMARKS.md, "Chain session"). 0 on one core."""
+    cores = hardware.cores
+    if cores <= 1:
+        return 0.0
+    picks = parallel_loops(workload, orders, tiles, cores)
+    last = parallel_candidates(workload, orders, workload.ops[-1])
+    factor: dict[str, np.ndarray] = {}
+    for op, (pick, trips) in zip(workload.ops, picks):
+        cands = parallel_candidates(workload, orders, op)
+        used = np.minimum(cores, np.maximum(trips, 1))
+        for name in op.inputs:
+            if workload.tensors[name].role != "input":
+                continue
+            loops = workload.tensors[name].loops
+            split = np.zeros(np.shape(pick), dtype=bool)
+            for i, (x, _) in enumerate(cands):
+                split = split | ((pick == i) & (x in loops))
+            if op is not workload.ops[-1]:  # a producer inside the last op's parallel loop
+                last_pick = picks[-1][0]
+                for i, (x, _) in enumerate(last):
+                    split = split | ((pick == -1) & (last_pick == i) & (x in loops))
+            factor[name] = np.maximum(factor.get(name, 1.0), np.where(split, 1.0, used))
+    elem = workload.elem_bytes
+    floor = workload.bytes_of("output")
+    for name, f in factor.items():
+        floor = floor + f * workload.size(name) * elem
+    return floor
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
@@ -221,6 +259,8 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
             mine = (top.sweeps if i == last else top.inner.get(i, [])) if top is not None else []
             outside = [*outer[i + 1:], *mine, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
+            if i < last and top is not None:  # a core's private cache (the last level is shared)
+                out[i] = np.maximum(out[i], top.private)
     out[last] = out[last] + memory_extra(whole, caches, top.tile if top else None)
     return out
 

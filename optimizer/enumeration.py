@@ -224,6 +224,10 @@ class _Search:
             bound = sp.objective.overlap(compute + secs, plinks)
         else:
             bound = sp.objective.overlap(compute + (registers if shares else 0.0), clinks, inner)
+        if level == 0:  # the orders complete the plan: what the target admits of it (Target.admits)
+            admitted = np.stack([np.broadcast_to(sp.admits([tile, *outer_tiles], (order, *outer_orders)), (len(rows),))
+                                 for order in orders])
+            bound = np.where(admitted, bound, np.inf)
         guide = np.maximum(cmax, inner)
         keep = np.flatnonzero((bound < self.best.worst_primary()).ravel())
         if len(keep) == 0:

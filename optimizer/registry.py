@@ -115,7 +115,7 @@ def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray,
         parent = tiles[j + 1] if j + 1 < len(tiles) else space.workload.dims
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
-    feasible &= space.admits(tiles)
+    feasible &= space.admits(tiles, orders)
     serial = space.serial_seconds(orders, tiles) if serial else 0.0
     predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs, serial)
     return predicted, memmax, memsum, feasible

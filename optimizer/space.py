@@ -327,10 +327,10 @@ class Space:
         """MU of `level` for (arrays of) tiles."""
         return self.target.level_usage(self.workload, level, tile, self.stages)
 
-    def admits(self, tiles) -> np.ndarray | bool:
-        """Whether the target admits the tiles (a launch that fits a GPU, register tiles that keep
-        a SIMD CPU's FMA pipes busy; Target.admits)."""
-        return self.target.admits(self.workload, tiles, self.stages)
+    def admits(self, tiles, orders=None) -> np.ndarray | bool:
+        """Whether the target admits the tiles, and with `orders` the plan (a launch that fits a
+        GPU, register tiles that keep a SIMD CPU's FMA pipes busy; Target.admits)."""
+        return self.target.admits(self.workload, tiles, self.stages, orders)
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
         """Which tiles of loop x (at `level`) nest in the parent tile and obey the target's rules

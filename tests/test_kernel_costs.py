@@ -383,3 +383,57 @@ def test_a_run_start_costs_no_more_than_the_run():
                            for b in (0.0, 600.0, 4000.0))
     assert some.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 600.0
     assert capped.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 256 * 4
+
+
+def test_simd_plans_take_more_than_one_reduction_step_per_accumulator_load():
+    """Given the orders, the SIMD target admits only plans whose accumulators take at least
+    MIN_CHAIN reduction steps per load (reduction_chain), or the whole reduction when shorter."""
+    from cachetile.models.targets.simd_cpu import MIN_CHAIN, reduction_chain
+
+    hw = REGISTERS_AND_L1
+    gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})
+    tiles = [{"m": 8, "n": 16, "k": 1}, dict(gemm.dims)]  # 8 accumulator vectors
+    assert MIN_CHAIN == 2
+    for order, chain in [(("m", "n", "k"), 64), (("k", "m", "n"), 1), (("m", "k", "n"), 1)]:
+        orders = [order, ("m", "n", "k")]
+        assert float(reduction_chain(gemm, gemm.ops[0], orders, tiles)) == chain
+        assert bool(hw.target.admits(gemm, tiles, 1, orders)) == (chain >= MIN_CHAIN)
+    assert bool(hw.target.admits(gemm, tiles, 1))  # without orders: the register tile alone
+    deep = [{"m": 8, "n": 16, "k": 2}, dict(gemm.dims)]  # two steps inside the register tile
+    assert bool(hw.target.admits(gemm, deep, 1, [("k", "m", "n"), ("m", "n", "k")]))
+    flat = builtin("gemm", {"m": 64, "n": 64, "k": 1})  # a one-step reduction: nothing longer exists
+    assert bool(hw.target.admits(flat, [{"m": 8, "n": 16, "k": 1}, dict(flat.dims)], 1,
+                                 [("k", "m", "n"), ("m", "n", "k")]))
+    result = tune(gemm, hw, time_limit=3, top=5)
+    for plan in [result.plan, *result.alternatives]:
+        tiles = [lv.tile for lv in plan.levels]
+        assert float(reduction_chain(gemm, gemm.ops[0], [lv.order for lv in plan.levels], tiles)) >= MIN_CHAIN
+
+
+def test_private_caches_receive_every_input_the_parallel_loop_does_not_split_once_per_core():
+    """objective.private_floor: outputs once, each input once per core that runs part of the
+    parallel loop unless that loop indexes it; and the predicted time follows it. gpt-2's decode
+    GEMM split over its 4 row tiles (both cores read all of B) ran in 0.52 ms, over 48 column
+    tiles in 0.33 ms, at the same DV (BENCHMARKS.md)."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from, on_cores
+    from cachetile.models.objective import private_floor
+
+    hw = hardware_from(SIMD)
+    m, n, k = 16, 3072, 768
+    w = builtin("gemm", {"m": m, "n": n, "k": k})
+    tiles = [{"m": 4, "n": 64, "k": 1}, {"m": 4, "n": 64, "k": 1}, {"m": 16, "n": 3072, "k": 48},
+             {"m": 16, "n": 3072, "k": 48}]
+    rows = [("m", "n", "k"), ("m", "n", "k"), ("m", "n", "k"), ("m", "n", "k")]  # L1's rows outermost
+    cols = [("m", "n", "k"), ("n", "m", "k"), ("m", "n", "k"), ("m", "n", "k")]  # its columns
+    a, b, c = 4 * m * k, 4 * k * n, 4 * m * n
+    assert float(private_floor(w, hw, rows, tiles)) == c + a + 2 * b
+    assert float(private_floor(w, hw, cols, tiles)) == c + 2 * a + b
+    assert float(private_floor(w, on_cores(hw, 1), rows, tiles)) == 0.0
+    row_plan, col_plan = make_plan(w, hw, rows, tiles), make_plan(w, hw, cols, tiles)
+    assert [lv.dv_bytes for lv in row_plan.levels] == [lv.dv_bytes for lv in col_plan.levels]
+    assert row_plan.predicted_seconds >= col_plan.predicted_seconds
+    # With this machine's L2 link (37 GB/s) the floor binds: both cores reading B costs.
+    slow = hardware_from({**SIMD, "levels": [{**lv, "bandwidth_bytes_per_s": 3.7e10} if lv["name"] == "L2" else lv
+                                             for lv in SIMD["levels"]]})
+    assert make_plan(w, slow, rows, tiles).predicted_seconds > 1.1 * make_plan(w, slow, cols, tiles).predicted_seconds

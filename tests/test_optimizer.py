@@ -163,3 +163,37 @@ def test_level_moves_retile_one_whole_level_within_its_neighbours():
     assert any(sum(a != b for a, b in zip(move[j], old[j])) >= 2 for move in moves for j in range(space.n_levels))
     start = rescore(space, Candidate(tuple(orders), old, (0.0, 0.0, 0.0)))
     assert polish(space, start, Deadline(60, 500.0)).key <= start.key
+
+
+def test_unpack_moves_read_a_packed_input_in_place_at_every_level():
+    """local._unpack_moves: from a plan that packs gpt-2's decode weights B, every feasible move
+    reads B where it lies (kernel_costs copies no B), changes only cache levels, keeps the
+    nesting; and the polish reaches such a plan, faster by the model than its start."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer.local import _key, _unpack_moves, polish
+    from cachetile.optimizer.registry import Candidate, rescore
+
+    w = builtin("gemm", {"m": 16, "n": 3072, "k": 768})
+    space = Space(w, hardware_from(SIMD))
+    orders = [("m", "n", "k")] * space.n_levels
+    tiles = [{"m": 4, "n": 64, "k": 1}, {"m": 16, "n": 384, "k": 4}, {"m": 16, "n": 384, "k": 768},
+             {"m": 16, "n": 3072, "k": 768}]
+
+    def packs_b(tiles) -> bool:
+        return any(c[0] == "B" for c in space.target.kernel_costs(w, orders, tiles).copies)
+
+    assert packs_b(tiles)
+    moves = _unpack_moves(space, orders, tiles, Deadline(60))
+    feasible = []
+    for move in moves:
+        assert move[0] == tuple(tiles[0][x] for x in space.loops)  # the register tile stays
+        dicts = [dict(zip(space.loops, t)) for t in move]
+        assert all(dicts[j][x] <= dicts[j + 1][x] for j in range(space.n_levels - 1) for x in space.loops)
+        if _key(space, orders, dicts)[1]:
+            feasible.append(dicts)
+    assert feasible and not any(packs_b(t) for t in feasible)
+    start = rescore(space, Candidate(tuple(orders), tuple(tuple(t[x] for x in space.loops) for t in tiles), ()))
+    best = polish(space, start, Deadline(60, 500.0))
+    assert best.key < start.key
+    assert not any(c[0] == "B" for c in space.target.kernel_costs(w, best.orders, best.tile_dicts(space.loops)).copies)

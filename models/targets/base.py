@@ -124,10 +124,11 @@ class Target:
         """A lower bound on launch_stretch given only `level`'s tiles (enumerate's bound)."""
         return 1.0
 
-    def admits(self, workload: Workload, tiles: Sequence[Mapping], stages: int) -> np.ndarray | bool:
+    def admits(self, workload: Workload, tiles: Sequence[Mapping], stages: int, orders=None) -> np.ndarray | bool:
         """Whether the plan (tiles innermost level first, arrays allowed) is in this target's space,
         beyond each loop's tile_rule: on GPUs, a launch that fits the device; on SIMD CPUs, register
-        tiles that keep the FMA pipes busy. True elsewhere."""
+        tiles that keep the FMA pipes busy and, given the `orders`, accumulators that take more
+        than one reduction step per load. True elsewhere."""
         return True
 
     def check_stages(self, stages: int) -> None:

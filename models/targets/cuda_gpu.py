@@ -95,7 +95,7 @@ class CudaGpu(Target):
             return 1.0
         return gpu.slowdown_floor(workload, self.hardware, tile, stages, self.model(workload))[None, :]
 
-    def admits(self, workload, tiles, stages):
+    def admits(self, workload, tiles, stages, orders=None):
         return self.launchable(workload, tiles, stages)
 
     def launchable(self, workload, tiles, stages):

@@ -32,6 +32,9 @@ FMA_CHAINS = 8
 # core overlaps their dependency chains: gemm 1024^3 plans with 1x16 register tiles (one chain)
 # whose k loop ran inside 2 trips ran in 6.5 ms, not the 36 ms that one chain per tile implies.
 OOO_FMAS = 128
+# Reduction steps an accumulator takes per load, at least (SimdCpu.admits): gemm and attention plans
+# that reload every step ran 1.2-5x slower than predicted and were never the fastest measured.
+MIN_CHAIN = 2
 
 
 # Besides the block a level keeps for reuse, the kernel streams lines of the other arrays through
@@ -147,7 +150,7 @@ class SimdCpu(Target):
             vectors = vectors * np.asarray(tile[x], dtype=np.float64)
         return vectors
 
-    def admits(self, workload, tiles, stages):
+    def admits(self, workload, tiles, stages, orders=None):
         """Register tiles of at least FMA_CHAINS accumulator vectors per op (or all of its output,
         when smaller), as BLIS sizes its micro-kernel from the FMA latency and pipes. With fewer,
         the speed rests on what LLVM makes of the loops around the tile, which no DV term sees.
@@ -155,11 +158,20 @@ class SimdCpu(Target):
         session"): those whose outer loops LLVM unrolled into a larger tile ran up to 2.7x faster
         than predicted, those it unrolled into long chains on two accumulators up to 2.6x slower.
         The plans returned for the 29 workloads of bench/shapes.py and bench/conv.py (8-28) did
-        not change."""
+        not change.
+
+        Given the `orders`, also a reduction chain (reduction_chain) of at least MIN_CHAIN steps
+        per op, as BLIS's micro-kernel runs its k loop around the register tile: accumulators
+        loaded and stored again at every step wait on store forwarding and on what LLVM spills
+        when it unrolls the loops around the tile, which no DV term sees (BENCHMARKS.md, "Chain
+        session")."""
         ok = True
         for op in workload.ops:
             whole = self.accumulators(workload, op, workload.dims)
             ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(FMA_CHAINS, whole))
+            if orders is not None:
+                steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
+                ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
         return ok
 
     def level_filter(self, workload, level, tiles, stages):
