@@ -196,13 +196,9 @@ def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | f
             if workload.tensors[name].role != "input":
                 continue
             loops = workload.tensors[name].loops
-            split = np.zeros(np.shape(pick), dtype=bool)
-            for i, (x, _) in enumerate(cands):
-                split = split | ((pick == i) & (x in loops))
+            split = np.isin(pick, [i for i, (x, _) in enumerate(cands) if x in loops])
             if op is not workload.ops[-1]:  # a producer inside the last op's parallel loop
-                last_pick = picks[-1][0]
-                for i, (x, _) in enumerate(last):
-                    split = split | ((pick == -1) & (last_pick == i) & (x in loops))
+                split = split | ((pick == -1) & np.isin(picks[-1][0], [i for i, (x, _) in enumerate(last) if x in loops]))
             factor[name] = np.maximum(factor.get(name, 1.0), np.where(split, 1.0, used))
     elem = workload.elem_bytes
     floor = workload.bytes_of("output")
