@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from ..models.hardware import Hardware
 from ..models.measurement import Measurement
-from ..models.profile import Profile
+from ..models.profile import RUN_BYTES, SHORT_RUN_BYTES, Profile
 from ..models.plan import CacheRecord, TuneResult
 from ..optimizer.pareto import ParetoFront
 
@@ -75,7 +75,9 @@ def format_hardware(hw: Hardware) -> str:
         lines.append(f"  accumulators stored and reloaded at {_si(hw.accumulator_bytes_per_s, 'B/s')}")
     if hw.parallel_region_seconds or hw.call_seconds:  # CPU overheads (kernel_costs)
         lines.append(f"  parallel region {_seconds(hw.parallel_region_seconds)}, kernel call {_seconds(hw.call_seconds)}, "
-                     f"run start from memory {_bytes(hw.run_start_bytes)} of stream")
+                     f"run start from memory {_bytes(hw.run_start_bytes)} of stream"
+                     + (f" ({_bytes(hw.short_run_start_bytes)} for {SHORT_RUN_BYTES}-byte runs)"
+                        if hw.short_run_start_bytes is not None else ""))
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -97,8 +99,11 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
     for name, figure in profile.stream_bandwidth.items():
         rows.append((f"stream from {name}", "-", _si(figure.one_core, "B/s"), _si(figure.all_cores, "B/s")))
     if profile.run_start_bytes:
-        rows.append(("run start (memory)", _bytes(assumed.run_start_bytes), _bytes(profile.run_start_bytes.one_core),
-                     _bytes(profile.run_start_bytes.all_cores)))
+        rows.append((f"run start (memory, {RUN_BYTES} B runs)", _bytes(assumed.run_start_bytes),
+                     _bytes(profile.run_start_bytes.one_core), _bytes(profile.run_start_bytes.all_cores)))
+    if profile.short_run_start_bytes:
+        rows.append((f"run start ({SHORT_RUN_BYTES} B runs)", "(at most the run)",
+                     _bytes(profile.short_run_start_bytes.one_core), _bytes(profile.short_run_start_bytes.all_cores)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

@@ -20,9 +20,9 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   memory: the link filling level l is the stream from level l+1;
 - a stream from memory (twice the last level, like a decode step's weights)
   read in 1 KiB runs, one per 16 KiB row, as the micro-kernel reads an
-  unpacked input whose L1 block is 256 floats wide, timed in turn with the
-  same array read contiguously: what each run's start adds, in bytes of the
-  contiguous stream;
+  unpacked input whose L1 block is 256 floats wide, and in 128-byte runs (32
+  floats), each timed in turn with the same array read contiguously: what each
+  run's start adds, in bytes of the contiguous stream;
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -41,7 +41,7 @@ from typing import Callable
 import numpy as np
 
 from ..models.hardware import _cpu_model, host, host_key
-from ..models.profile import Figure, Profile
+from ..models.profile import RUN_BYTES, SHORT_RUN_BYTES, Figure, Profile
 
 Progress = Callable[[float, str], None]
 FLOPS_PER_CALL = 2e8  # about 1 ms of arithmetic per timed call at ~200 GFLOP/s
@@ -50,7 +50,7 @@ LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads 
 SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
 RUN_ROUNDS = 3  # strided and contiguous streams timed in turn, for the run start's median ratio
-RUN_BYTES, ROW_BYTES = 1024, 16384  # the strided stream's runs and rows
+ROW_BYTES = 16384  # the strided stream's rows
 
 
 def _target(threads: int):
@@ -132,38 +132,45 @@ def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: i
     stream: each thread reads its array in `run_bytes` runs, one per `row_bytes` row, column
     of runs after column, as a micro-kernel reads an unpacked input whose L1 block is narrower
     than its rows (run_bytes = row_bytes: the contiguous stream). Each run is summed into
-    ACCUMULATORS vectors, so a run of any length (a multiple of that many vectors) stays in
-    registers."""
+    ACCUMULATORS vectors, or one per vector of a shorter run, so a run of any length (a
+    multiple of that many vectors) stays in registers."""
     import tvm
     from tvm import te
 
     run = run_bytes // 4
-    chunks, pieces = row_bytes // run_bytes, max(1, run // (ACCUMULATORS * lanes))
+    accumulators = max(1, min(ACCUMULATORS, run // lanes))
+    chunks, pieces = row_bytes // run_bytes, max(1, run // (accumulators * lanes))
     rows = max(1, bytes_per_thread // row_bytes)
     reps = max(1, BYTES_PER_CALL // (threads * rows * row_bytes))
-    shape = (threads, rows, chunks, pieces, ACCUMULATORS, lanes)
+    shape = (threads, rows, chunks, pieces, accumulators, lanes)
     A = te.placeholder(shape, "float32", name="A")
     r, c = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, chunks), name="c")
     i, p = te.reduce_axis((0, rows), name="i"), te.reduce_axis((0, pieces), name="p")
-    out = te.compute((threads, ACCUMULATORS, lanes), lambda t, u, v: te.sum(A[t, i, c, p, u, v], axis=[r, c, i, p]),
+    out = te.compute((threads, accumulators, lanes), lambda t, u, v: te.sum(A[t, i, c, p, u, v], axis=[r, c, i, p]),
                      name="out")
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, out]))
     block = sch.get_sblock("out")
     t, u, v, rr, cc, ii, pp = sch.get_loops(block)
     sch.reorder(t, rr, cc, ii, pp, u, v)
     lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
-    args = _tensors(np.ones(shape, "float32"), np.zeros((threads, ACCUMULATORS, lanes), "float32"))
+    args = _tensors(np.ones(shape, "float32"), np.zeros((threads, accumulators, lanes), "float32"))
     return (lambda: _median_seconds(lib, args)), threads * reps * rows * row_bytes
 
 
-def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, rounds: int = RUN_ROUNDS) -> list[float]:
-    """Per round, the strided stream's time over the contiguous stream's, the two timed one
-    after the other: memory shared with other tenants changes speed between seconds (the
-    contiguous stream of BENCHMARKS.md's EPYC ran at 57 and at 117 GB/s in one session), and
-    a ratio of neighbours cancels that where two separate figures would not."""
-    strided, _ = strided_stream(threads, bytes_per_thread, lanes)
+def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, runs=(SHORT_RUN_BYTES, RUN_BYTES),
+                     rounds: int = RUN_ROUNDS) -> dict[int, list[float]]:
+    """Per run length of `runs`, per round, the strided stream's time over the contiguous
+    stream's, the two timed one after the other: memory shared with other tenants changes
+    speed between seconds (the contiguous stream of BENCHMARKS.md's EPYC ran at 57 and at
+    117 GB/s in one session), and a ratio of neighbours cancels that where two separate
+    figures would not."""
+    strided = {run: strided_stream(threads, bytes_per_thread, lanes, run)[0] for run in runs}
     contiguous, _ = strided_stream(threads, bytes_per_thread, lanes, ROW_BYTES)
-    return [strided() / contiguous() for _ in range(rounds)]
+    ratios: dict[int, list[float]] = {run: [] for run in runs}
+    for _ in range(rounds):
+        for run, timer in strided.items():
+            ratios[run].append(timer() / contiguous())
+    return ratios
 
 
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
@@ -243,7 +250,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
         report(done / steps, message)
         done += 1
 
-    peak, registers, accumulators, run_start = {}, {}, {}, {}
+    peak, registers, accumulators, run_start, short_run_start = {}, {}, {}, {}, {}
     stream: dict[str, dict] = {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
     for threads in counts:
         runs = []
@@ -265,7 +272,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
                     size //= threads  # the last level is shared
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
         step(f"runs from memory on {threads} core(s)")
-        run_start[threads] = fit_run_start(run_start_ratios(threads, 2 * hw.levels[-1].capacity_bytes // threads, lanes))
+        ratios = run_start_ratios(threads, 2 * hw.levels[-1].capacity_bytes // threads, lanes)
+        run_start[threads] = fit_run_start(ratios[RUN_BYTES])
+        short_run_start[threads] = fit_run_start(ratios[SHORT_RUN_BYTES], SHORT_RUN_BYTES)
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -282,5 +291,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(registers),
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
-        run_start_bytes=figure(run_start),
+        run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
     )

@@ -79,7 +79,12 @@ class Hardware(BaseModel):
     run_start_bytes: float = Field(
         128.0, ge=0, allow_inf_nan=False,
         description="CPU: what starting a contiguous run costs a stream from memory, in bytes of that stream "
-                    "(an unpacked input read in runs shorter than its rows); assumed two cache lines until calibrated")
+                    "(an unpacked input read in runs shorter than its rows), timed on runs of RUN_BYTES; assumed "
+                    "two cache lines until calibrated")
+    short_run_start_bytes: float | None = Field(
+        None, ge=0, allow_inf_nan=False,
+        description="CPU: the same for runs of SHORT_RUN_BYTES (two cache lines); none until calibrated: then a "
+                    "run's start costs run_start_bytes, but no more than the run")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -292,6 +297,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
                                    if profile.accumulator_bandwidth else None,  # the register link, as refitted
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
         **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
+        **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

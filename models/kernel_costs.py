@@ -10,7 +10,8 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   a pass of its own when it is the kernel's output (models/caches.output_plan);
 - inputs read from their array unpacked (models/caches.read_once) and too large
   for any cache: the micro-kernel streams them from memory in runs as long as
-  the walk keeps contiguous (`contiguous_run`: an L1 block's rows), and each
+  the walk keeps contiguous (`contiguous_run`: an L1 block's rows, or a
+  private cache's block that is one contiguous piece), and each
   run's start costs the stream `run_start_bytes` more, but no more than the
   run's own bytes (`run_start`); calibrated with 1 KiB runs, 430-970 bytes on
   both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed;
@@ -36,6 +37,7 @@ from dataclasses import dataclass, field
 from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
+from .profile import RUN_BYTES, SHORT_RUN_BYTES
 from .workload import Workload
 
 
@@ -149,15 +151,25 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
 
 
 def run_start(hardware: Hardware, run_bytes: float) -> float:
-    """Bytes of memory stream one run's start costs: the calibrated figure (measured on 1 KiB
-    runs), but no more than the run itself. The memory system overlaps the next run's start
-    with this run's transfer, so short runs do not pay a whole start each. On the Zen 5 EPYC
-    of BENCHMARKS.md, against the contiguous stream timed beside them: strided 256-byte runs
-    streamed at 0.54x, 1 KiB at 0.72x, 2 KiB at 0.78x and 4 KiB at 0.93x, and gemm
-    8x4096x4096's kernel, reading 128-byte runs, at about 0.45x. A start of 426 bytes (its
-    calibrated figure then) capped at the run gives 0.50, 0.71, 0.83, 0.91 and 0.50, where
-    426 bytes alone would give 0.38 and 0.23 for the short runs."""
-    return min(hardware.run_start_bytes, run_bytes)
+    """Bytes of memory stream one run's start costs. Calibrated on runs of two lengths
+    (models/profile: SHORT_RUN_BYTES, RUN_BYTES): the figure of the nearer one outside them,
+    linear in the run's length between them. Without the short figure, the figure for long
+    runs, but no more than the run itself.
+
+    The memory system overlaps the next run's start with this run's transfer, so short runs
+    pay less than a whole start each, but not nothing: on the Intel Xeon of BENCHMARKS.md
+    (2 cores, against the contiguous stream timed beside them), runs of 64, 128, 256 and
+    512 B and 1, 2 and 4 KiB streamed at 1/4.35, 1/2.65, 1/1.75, 1/1.60, 1/1.57, 1/1.24 and
+    1/1.17 of it: starts of 214, 211, 192, 307, 594, 450 and 700 B. Capped at the run, the
+    1 KiB figure alone (627 B) gives 128- and 256-byte runs the same 1/2, and gemm
+    8x4096x4096 with 128-byte runs of B ran 1.10x slower than with 256-byte runs, the two
+    plans predicted within 0.1%. On the Zen 5 EPYC, 256 B and 1, 2 and 4 KiB runs streamed
+    at 0.54x, 0.72x, 0.78x and 0.93x."""
+    long, short = hardware.run_start_bytes, hardware.short_run_start_bytes
+    if short is None:
+        return min(long, run_bytes)
+    along = min(max((run_bytes - SHORT_RUN_BYTES) / (RUN_BYTES - SHORT_RUN_BYTES), 0.0), 1.0)
+    return short + along * (long - short)
 
 
 def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:
@@ -181,7 +193,10 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> 
     The L1 block, not the register tile's: the register tiles of one L1 block read all its rows
     within a few microseconds, and memory streams those as one run. gemm 1x4096x4096 on two
     cores, one register tile 1x256 each time: L1 blocks 16x256 ran in 1.24-1.31 ms, 16x512 in
-    0.97-1.03, 8x1024 in 0.84-0.89 (register tile 1x128 under the 16x512 block: 0.95-1.00)."""
+    0.97-1.03, 8x1024 in 0.84-0.89 (register tile 1x128 under the 16x512 block: 0.95-1.00).
+    Or a private cache's whole block, where it is one contiguous piece of the array (rows read
+    whole): gemm 8x4096x4096's L2 blocks of 64 whole rows of B ran at 0.86x the time of
+    4096x64 blocks, under the same 8x64 L1 blocks (Intel Xeon, BENCHMARKS.md)."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
     level = min(1, len(tiles) - 1)
@@ -203,7 +218,11 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> 
         if run(block) != math.prod(block) or run(grown) != math.prod(grown):
             break  # the next block does not continue this one's run
         block = grown
-    return run(block)
+    # A private cache's block that is one contiguous piece of the array streams as one run,
+    # whatever order its L1 blocks take inside it.
+    whole = [math.prod(b) for b in ([tiles[j][x] for x in dims] for j in range(level + 1, len(tiles) - 1))
+             if run(b) == math.prod(b)]
+    return max([run(block), *whole])
 
 
 def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:

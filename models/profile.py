@@ -23,6 +23,10 @@ from pydantic import BaseModel, Field
 
 from .errors import InvalidInput
 
+# The runs whose starts the calibration times (backends/calibrate.py) from memory: a micro-kernel
+# reads an unpacked input in runs as long as its L1 block's rows, 128 B for 32 floats.
+SHORT_RUN_BYTES, RUN_BYTES = 128, 1024
+
 
 class Figure(BaseModel):
     """One quantity measured on one core and on all cores."""
@@ -68,8 +72,11 @@ class Profile(BaseModel):
                     "(memory for the outermost); for the registers, register_bandwidth")
     parallel_region_seconds: float = Field(description="cost of entering one parallel loop (TVM's thread pool)")
     run_start_bytes: Figure | None = Field(
-        None, description="what each run start costs a strided stream from memory (256-byte runs, one per "
+        None, description="what each run start costs a strided stream from memory (runs of RUN_BYTES, one per "
                           "16 KiB row), in bytes of the contiguous stream; none in older profiles: assumed")
+    short_run_start_bytes: Figure | None = Field(
+        None, description="the same for runs of SHORT_RUN_BYTES (two cache lines); none in older profiles: "
+                          "a run's start costs run_start_bytes, but no more than the run")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")

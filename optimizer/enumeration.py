@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost
+from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -139,10 +139,10 @@ class _Search:
                 self.greedy = False
         self._expand(self.space.n_levels - 1, (), [], extents, 0.0, 0.0, 0.0)
 
-    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum, plinks, outer=()):
+    def _expand(self, level, outer_orders, outer_tiles, parent, pmax, psum, plinks, outer=(), plevels=()):
         """`pmax`, `psum`, `plinks`: the slowest, the sum and the overlap (Objective.overlap) of the
         link times of the levels outside `level` along this branch; `outer`: their (DV, MU)
-        (effective_dv)."""
+        (effective_dv); `plevels`: their link times, innermost first."""
         sp = self.space
         rows = self.rows[level]
         legal = [sp.legal(x, rows[:, i], parent[i], level) for i, x in enumerate(sp.loops)]
@@ -181,6 +181,8 @@ class _Search:
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
+        if level == 0 and sp.objective.caches and sp.hardware.cores > 1 and sp.n_levels > 2:
+            pmax, psum, plinks = self._private_floor(outer_orders, outer_tiles, plevels)
         if at_top:
             secs = secs + memory_extra(sp.whole, sp.objective.caches, tile) / divisor  # as effective_dv
         self.evaluated += len(rows) * len(orders)
@@ -267,7 +269,22 @@ class _Search:
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
                 float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (here, *outer),
+                (float(secs[o, r]), *plevels),
             )
+
+    def _private_floor(self, outer_orders, outer_tiles, plevels):
+        """The branch's (slowest, sum, overlap) of the link times of the levels outside the
+        register tile, each cache inside the shared one raised to the private caches' floor
+        (objective.private_floor), as effective_dv raises it. The floor depends on where the
+        parallel loop sits, so it is known only once every level >= 1 is fixed; the bounds above
+        leave it out (it only adds), so the leaves rank as registry.score does."""
+        sp = self.space
+        floor = float(private_floor(sp.workload, sp.hardware, (outer_orders[0], *outer_orders),
+                                    [outer_tiles[0], *outer_tiles]))
+        last, caches = sp.n_levels - 1, sp.objective.caches
+        links = [max(s, floor / sp.objective.divisors[j]) if j < last and caches[j] is not None else s
+                 for j, s in enumerate(plevels, start=1)]
+        return max(links), sum(links), float(sp.objective.overlap(*links))
 
 
 REGISTER_SEEDS = 6

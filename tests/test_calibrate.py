@@ -22,7 +22,8 @@ def _profile(key: str) -> Profile:
                    accumulator_bandwidth=Figure(one_core=6e11, all_cores=1.2e12),
                    stream_bandwidth={"L1": Figure(one_core=4e11, all_cores=8e11)}, fill_bandwidth=fill,
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
-                   run_start_bytes=Figure(one_core=300.0, all_cores=80.0))
+                   run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
+                   short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0))
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -37,6 +38,7 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.parallel_region_seconds, hw.call_seconds) == (1.5e-6, 2e-8)
     assert hw.accumulator_bytes_per_s == 1.2e12 and assumed.accumulator_bytes_per_s is None
     assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
+    assert (hw.short_run_start_bytes, assumed.short_run_start_bytes) == (60.0, None)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -60,7 +62,8 @@ def test_one_core_of_a_calibrated_host_takes_the_profiles_one_core_figures(tmp_p
                                                                  for lv in assumed.levels]
     save_profile(_profile(host_key(assumed)))
     one = on_cores(host(), 1)
-    assert (one.cores, one.peak_flops, one.accumulator_bytes_per_s, one.run_start_bytes) == (1, 2.5e11, 6e11, 300.0)
+    assert (one.cores, one.peak_flops, one.accumulator_bytes_per_s, one.run_start_bytes,
+            one.short_run_start_bytes) == (1, 2.5e11, 6e11, 300.0, 250.0)
     assert [lv.bandwidth_bytes_per_s for lv in one.levels] == [1e11 * (i + 1) for i in range(len(one.levels))]
     assert on_cores(host(), host().cores) == host()
     with pytest.raises(InvalidInput, match=f"cores must be between 1 and {assumed.cores}, got 0"):
@@ -111,6 +114,8 @@ def test_calibrate_from_the_command_line(tmp_path):
                profile.call_seconds, profile.accumulator_bandwidth.all_cores] + [
                    f.all_cores for f in profile.fill_bandwidth.values()]
     assert all(np.isfinite(v) and v > 0 for v in figures)
+    starts = [profile.run_start_bytes.all_cores, profile.short_run_start_bytes.all_cores]
+    assert all(np.isfinite(v) and v >= 0 for v in starts)
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)

@@ -385,6 +385,32 @@ def test_a_run_start_costs_no_more_than_the_run():
     assert capped.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 256 * 4
 
 
+def test_a_run_start_is_interpolated_between_the_two_calibrated_run_lengths():
+    """Calibrated on 128-byte and 1 KiB runs (200 and 600 bytes of stream): the nearer figure
+    outside them, linear between; the DECODE walk's 1 KiB runs pay 600 bytes each."""
+    from cachetile.models.kernel_costs import run_start
+
+    hw = _streaming_hardware(600.0).model_copy(update={"short_run_start_bytes": 200.0})
+    assert [run_start(hw, b) for b in (64, 128, 576, 1024, 4096)] == [200.0, 200.0, 400.0, 600.0, 600.0]
+    plain = kernel_costs(DECODE, _streaming_hardware(0.0), DECODE_ORDERS, DECODE_TILES)
+    costs = kernel_costs(DECODE, hw, DECODE_ORDERS, DECODE_TILES)
+    assert costs.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 600.0
+
+
+def test_a_private_block_of_whole_rows_streams_as_one_run():
+    """The DECODE walk under L2 blocks of 32 whole rows of B (one contiguous 128 KiB piece):
+    each block is one run, whichever order its 256-wide L1 blocks take inside it; under L2
+    blocks 512 wide, the runs are the L1 blocks' rows again."""
+    levels = _streaming_hardware(0.0).levels
+    l3 = Level(name="L3", capacity_bytes=3 << 19, bandwidth_bytes_per_s=5e10, ways=12)  # 1.5 MiB: B streams from memory
+    hw = _streaming_hardware(100.0).model_copy(update={"levels": [*levels, l3]})
+    orders = [*DECODE_ORDERS, DECODE_ORDERS[-1]]
+    rows = [*DECODE_TILES, dict(DECODE.dims)]
+    assert kernel_costs(DECODE, hw, orders, rows).runs == [("B", 512 * 1024 / (32 * 1024), 32 * 1024)]
+    narrow = [*DECODE_TILES[:2], {"m": 2, "n": 512, "k": 32}, dict(DECODE.dims)]
+    assert kernel_costs(DECODE, hw, orders, narrow).runs == [("B", 512 * 1024 / 256, 256)]
+
+
 def test_simd_plans_take_more_than_one_reduction_step_per_accumulator_load():
     """Given the orders, the SIMD target admits only plans whose accumulators take at least
     MIN_CHAIN reduction steps per load (reduction_chain), or the whole reduction when shorter."""

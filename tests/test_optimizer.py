@@ -197,3 +197,34 @@ def test_unpack_moves_read_a_packed_input_in_place_at_every_level():
     best = polish(space, start, Deadline(60, 500.0))
     assert best.key < start.key
     assert not any(c[0] == "B" for c in space.target.kernel_costs(w, best.orders, best.tile_dicts(space.loops)).copies)
+
+
+@pytest.mark.parametrize("kind,dims", [("gemm", {"m": 97, "n": 211, "k": 131}),
+                                       ("gemm-chain", {"m": 64, "k": 64, "l": 96, "n": 64})])
+def test_enumerate_ranks_its_leaves_as_score_does_with_the_private_floor(kind, dims):
+    """On 2 cores the private caches receive each unsplit input once per core
+    (objective.private_floor), a term that depends on where every level >= 1 puts the
+    parallel loop: enumerate's leaves add it, so their keys equal registry.score's, and on
+    these shapes it raises some of them (the floor binds at a private cache)."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.models.objective import effective_dv, swept, time_objective
+    from cachetile.optimizer import enumeration
+    from cachetile.optimizer.registry import rescore
+
+    w = builtin(kind, dims)
+    space = Space(w, hardware_from(SIMD))
+    plans = enumeration.solve(space, Deadline(60, 2000.0), 8).plans
+    assert plans
+    raised = 0
+    for cand in plans:
+        assert cand.key[0] == pytest.approx(rescore(space, cand).key[0], rel=1e-9)
+        tiles = cand.tile_dicts(space.loops)
+        dv = data_volume(w, cand.orders, tiles, hardware=space.hardware)
+        mu = [space.usage(j, tiles[j]) for j in range(space.n_levels)]
+        top = swept(w, space.hardware, space.whole, cand.orders, tiles)
+        caches = time_objective(space.hardware).caches
+        floored = effective_dv(dv, mu, caches, space.whole, top)
+        unfloored = effective_dv(dv, mu, caches, space.whole, top._replace(private=0.0))
+        raised += any(floored[j] > unfloored[j] for j in range(1, space.n_levels - 1))
+    assert raised
