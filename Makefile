@@ -27,7 +27,7 @@ build/notebooks/%.ipynb: notebooks/%.py $(STAMP)
 	$(BIN)/jupytext --quiet --to ipynb --output $@ $<
 
 test: $(STAMP) $(NOTEBOOKS)
-	$(BIN)/python -m pytest -n 2 tests $(NOTEBOOKS) --nbmake
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(NOTEBOOKS) --nbmake
 
 notebooks: $(STAMP) $(NOTEBOOKS)
 	$(BIN)/python -m pytest $(NOTEBOOKS) --nbmake

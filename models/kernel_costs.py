@@ -12,9 +12,9 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   for any cache: the micro-kernel streams them from memory in runs as long as
   the walk keeps contiguous (`contiguous_run`: an L1 block's rows, or a
   private cache's block that is one contiguous piece), and each
-  run's start costs the stream `run_start_bytes` more, but no more than the
-  run's own bytes (`run_start`); calibrated with 1 KiB runs, 430-970 bytes on
-  both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed;
+  run's start costs the stream more (`run_start`: calibrated on 128-byte and
+  1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on both cores
+  of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;

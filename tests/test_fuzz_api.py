@@ -17,6 +17,10 @@ from schemathesis.checks import positive_data_acceptance
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from service_load import running_server  # noqa: E402
 
+# test_fuzzing_reached_the_api reads the counts test_api leaves in this process: one xdist
+# worker runs the whole module (make test: --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("fuzz")
+
 # Per operation and generation mode; raise it for a deeper run than CI's.
 EXAMPLES = int(os.environ.get("CACHETILE_FUZZ_EXAMPLES", "100"))
 STATUSES: Counter = Counter()
