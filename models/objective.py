@@ -207,6 +207,13 @@ def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | f
     return floor
 
 
+def private_levels(caches: Sequence[int | None]) -> list[int]:
+    """The levels private_floor applies to, of a hierarchy with these hardware caches per level
+    (Objective.caches): each core's own caches, the hardware caches inside the outermost level,
+    which the cores share."""
+    return [i for i, fit in enumerate(caches[:-1]) if fit is not None]
+
+
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
                  steps: int | None = None) -> list:
     """(DV, MU) of tiles[0] (the tile of `level`, walked by orders[0] inside `parent`; orders and
@@ -250,12 +257,13 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
              for j, (d, m) in enumerate(zip(dv, mu))]
     out = list(dv)
+    private = private_levels(caches)
     for i, fit in enumerate(caches):
         if fit is not None:
             mine = (top.sweeps if i == last else top.inner.get(i, [])) if top is not None else []
             outside = [*outer[i + 1:], *mine, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
-            if i < last and top is not None:  # a core's private cache (the last level is shared)
+            if i in private and top is not None:
                 out[i] = np.maximum(out[i], top.private)
     out[last] = out[last] + memory_extra(whole, caches, top.tile if top else None)
     return out

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor
+from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor, private_levels
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -181,7 +181,7 @@ class _Search:
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
-        if level == 0 and sp.objective.caches and sp.hardware.cores > 1 and sp.n_levels > 2:
+        if level == 0 and sp.hardware.cores > 1 and private_levels(sp.objective.caches):
             pmax, psum, plinks = self._private_floor(outer_orders, outer_tiles, plevels)
         if at_top:
             secs = secs + memory_extra(sp.whole, sp.objective.caches, tile) / divisor  # as effective_dv
@@ -281,9 +281,8 @@ class _Search:
         sp = self.space
         floor = float(private_floor(sp.workload, sp.hardware, (outer_orders[0], *outer_orders),
                                     [outer_tiles[0], *outer_tiles]))
-        last, caches = sp.n_levels - 1, sp.objective.caches
-        links = [max(s, floor / sp.objective.divisors[j]) if j < last and caches[j] is not None else s
-                 for j, s in enumerate(plevels, start=1)]
+        private = private_levels(sp.objective.caches)
+        links = [max(s, floor / sp.objective.divisors[j]) if j in private else s for j, s in enumerate(plevels, start=1)]
         return max(links), sum(links), float(sp.objective.overlap(*links))
 
 
