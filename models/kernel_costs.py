@@ -10,8 +10,9 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   a pass of its own when it is the kernel's output (models/caches.output_plan);
 - inputs read from their array unpacked (models/caches.read_once) and too large
   for any cache: the micro-kernel streams them from memory in runs as long as
-  the walk keeps contiguous (`contiguous_run`: an L1 block's rows, or a
-  private cache's block that is one contiguous piece), and each
+  one thread's walk keeps contiguous (`contiguous_run`: an L1 block's rows, as
+  far as the next blocks continue them, or a private cache's block that is one
+  contiguous piece), and each
   run's start costs the stream more (`run_start`: calibrated on 128-byte and
   1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on both cores
   of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed);
@@ -117,7 +118,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             size = workload.size(name) * elem
             if t.role != "input" or not t.plain or name in copied or size <= hardware.levels[-1].capacity_bytes:
                 continue
-            run = contiguous_run(workload, orders, op, name, eff, padded)
+            run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores)
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem), size)
@@ -185,18 +186,22 @@ def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:
     return max(fills * block - _prod(padded[x] for x in out), 0.0)
 
 
-def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> int:
-    """Elements in each contiguous run of input `name`'s row-major array as the op's walk reads
-    it unpacked (tiles effective): its L1 block's run, grown while the loops around that block
-    move it on to the adjacent one.
+def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1) -> int:
+    """Elements in each contiguous run of input `name`'s row-major array as one thread's walk
+    reads it unpacked (tiles effective; `split`, the op's parallel loop position, gives each of
+    the `cores` threads a contiguous chunk of its trips): its L1 block's rows, grown while the
+    loops around that block move it on along them.
 
     The L1 block, not the register tile's: the register tiles of one L1 block read all its rows
     within a few microseconds, and memory streams those as one run. gemm 1x4096x4096 on two
     cores, one register tile 1x256 each time: L1 blocks 16x256 ran in 1.24-1.31 ms, 16x512 in
     0.97-1.03, 8x1024 in 0.84-0.89 (register tile 1x128 under the 16x512 block: 0.95-1.00).
-    Or a private cache's whole block, where it is one contiguous piece of the array (rows read
-    whole): gemm 8x4096x4096's L2 blocks of 64 whole rows of B ran at 0.86x the time of
-    4096x64 blocks, under the same 8x64 L1 blocks (Intel Xeon, BENCHMARKS.md)."""
+    A block whose next one continues its rows extends each row's run, though the rows are read
+    in turn: gemm 8x4096x4096 with 128x32 L1 blocks of B moving along its rows through an L3
+    block 2048 wide (each thread's half of B's rows: runs of 1024 floats) ran at 0.77-0.86x the
+    time of 64x64 blocks moving down its columns (runs of 64), Intel Xeon, BENCHMARKS.md.
+    Or a private cache's whole block, where one thread's part of it is one contiguous piece of
+    the array (rows read whole)."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
     level = min(1, len(tiles) - 1)
@@ -209,19 +214,25 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded) -> 
                 break
         return elements
 
+    def share(x: str, j: int) -> int:  # trips of loop (x, j) that one thread runs
+        t = trips(tiles, padded, x, j)
+        return -(-t // cores) if (x, j) == split else t
+
     block = [tiles[level][x] for x in dims]
     for x, j in reversed(walk(workload, orders, op)):
-        t = trips(tiles, padded, x, j)
+        t = share(x, j)
         if j < level or x not in dims or t == 1:
             continue  # inside the block, the same block again (from the caches), or no move
         grown = [b * t if d == x else b for b, d in zip(block, dims)]
-        if run(block) != math.prod(block) or run(grown) != math.prod(grown):
-            break  # the next block does not continue this one's run
+        if run(grown) == run(block):
+            break  # the next block starts other runs
         block = grown
-    # A private cache's block that is one contiguous piece of the array streams as one run,
-    # whatever order its L1 blocks take inside it.
-    whole = [math.prod(b) for b in ([tiles[j][x] for x in dims] for j in range(level + 1, len(tiles) - 1))
-             if run(b) == math.prod(b)]
+
+    def own(j: int) -> list[int]:  # one thread's part of a level-j block: a chunk of the split loop inside it
+        px, pj = split or (None, len(tiles))
+        return [share(x, pj) * tiles[pj][x] if x == px and pj < j else tiles[j][x] for x in dims]
+
+    whole = [math.prod(b) for b in map(own, range(level + 1, len(tiles) - 1)) if run(b) == math.prod(b)]
     return max([run(block), *whole])
 
 

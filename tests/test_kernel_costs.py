@@ -398,17 +398,34 @@ def test_a_run_start_is_interpolated_between_the_two_calibrated_run_lengths():
 
 
 def test_a_private_block_of_whole_rows_streams_as_one_run():
-    """The DECODE walk under L2 blocks of 32 whole rows of B (one contiguous 128 KiB piece):
-    each block is one run, whichever order its 256-wide L1 blocks take inside it; under L2
-    blocks 512 wide, the runs are the L1 blocks' rows again."""
+    """The DECODE walk under L2 blocks of 32 whole rows of B (one contiguous 128 KiB piece), on
+    one core: each block is one run, whichever order its 256-wide L1 blocks take inside it;
+    under L2 blocks 512 wide, the runs are the L1 blocks' rows again. On two cores the parallel
+    loop inside the L2 block gives each thread half of its rows: runs of the L1 blocks' rows,
+    since the next L1 block goes down k."""
     levels = _streaming_hardware(0.0).levels
     l3 = Level(name="L3", capacity_bytes=3 << 19, bandwidth_bytes_per_s=5e10, ways=12)  # 1.5 MiB: B streams from memory
-    hw = _streaming_hardware(100.0).model_copy(update={"levels": [*levels, l3]})
+    hw = _streaming_hardware(100.0).model_copy(update={"levels": [*levels, l3], "cores": 1})
     orders = [*DECODE_ORDERS, DECODE_ORDERS[-1]]
     rows = [*DECODE_TILES, dict(DECODE.dims)]
     assert kernel_costs(DECODE, hw, orders, rows).runs == [("B", 512 * 1024 / (32 * 1024), 32 * 1024)]
     narrow = [*DECODE_TILES[:2], {"m": 2, "n": 512, "k": 32}, dict(DECODE.dims)]
     assert kernel_costs(DECODE, hw, orders, narrow).runs == [("B", 512 * 1024 / 256, 256)]
+    two = hw.model_copy(update={"cores": 2})
+    assert kernel_costs(DECODE, two, orders, rows).runs == [("B", 512 * 1024 / 256, 256)]
+
+
+def test_blocks_moving_along_their_rows_extend_each_threads_runs():
+    """L1 blocks 4x256 of B whose next block continues their rows (n inside k): on one core the
+    runs grow to whole rows, then down k to all of B; on two cores each thread walks its half
+    of the L1 blocks along n (the parallel loop), so its runs are half rows. With k inside n,
+    the next block starts other rows: runs of 256."""
+    tiles = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 4}, {"m": 2, "n": 1024, "k": 32}]
+    one, two = (_streaming_hardware(100.0).model_copy(update={"cores": c}) for c in (1, 2))
+    along = [["k", "n", "m"]] * 3
+    assert kernel_costs(DECODE, one, along, tiles).runs == [("B", 1.0, 512 * 1024)]
+    assert kernel_costs(DECODE, two, along, tiles).runs == [("B", 1024.0, 512)]
+    assert kernel_costs(DECODE, two, DECODE_ORDERS, tiles).runs == [("B", 2048.0, 256)]
 
 
 def test_simd_plans_take_more_than_one_reduction_step_per_accumulator_load():
