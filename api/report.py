@@ -78,6 +78,8 @@ def format_hardware(hw: Hardware) -> str:
                      f"run start from memory {_bytes(hw.run_start_bytes)} of stream"
                      + (f" ({_bytes(hw.short_run_start_bytes)} for {SHORT_RUN_BYTES}-byte runs)"
                         if hw.short_run_start_bytes is not None else ""))
+        if hw.run_start_reach:
+            lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -104,9 +106,15 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
     if profile.short_run_start_bytes:
         rows.append((f"run start ({SHORT_RUN_BYTES} B runs)", "(at most the run)",
                      _bytes(profile.short_run_start_bytes.one_core), _bytes(profile.short_run_start_bytes.all_cores)))
+    if profile.run_start_reach:
+        rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])
+
+
+def _reach(points) -> str:
+    return ", ".join(f"{_bytes(size)} {100 * share:.0f}%" for size, share in points)
 
 
 def _rows(rows: list[tuple[str, ...]]) -> list[str]:

@@ -23,6 +23,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   unpacked input whose L1 block is 256 floats wide, and in 128-byte runs (32
   floats), each timed in turn with the same array read contiguously: what each
   run's start adds, in bytes of the contiguous stream;
+- the same strided streams over smaller working sets, from the private caches'
+  total up by factors of 4 (on all cores): what share of those run starts a
+  stream that large pays, since TLB misses and untracked prefetch streams
+  charge runs well before an array leaves the last cache;
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -50,6 +54,8 @@ LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads 
 SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
 RUN_ROUNDS = 3  # strided and contiguous streams timed in turn, for the run start's median ratio
+REACH_ROUNDS = 2  # the same for the smaller working sets of the run starts' reach
+REACH_STEP = 4  # between the working sets of the reach
 ROW_BYTES = 16384  # the strided stream's rows
 
 
@@ -153,7 +159,9 @@ def strided_stream(threads: int, bytes_per_thread: int, lanes: int, run_bytes: i
     t, u, v, rr, cc, ii, pp = sch.get_loops(block)
     sch.reorder(t, rr, cc, ii, pp, u, v)
     lib = _per_thread_accumulators(sch, block, t, rr, [u], v, threads)
-    args = _tensors(np.ones(shape, "float32"), np.zeros((threads, accumulators, lanes), "float32"))
+    # Zeros: calloc maps them without writing, so only the tensor copy touches the pages (seconds at
+    # several GiB), and the sum is never read.
+    args = _tensors(np.zeros(shape, "float32"), np.zeros((threads, accumulators, lanes), "float32"))
     return (lambda: _median_seconds(lib, args)), threads * reps * rows * row_bytes
 
 
@@ -231,6 +239,31 @@ def fit_run_start(ratios: list[float], run_bytes: int = RUN_BYTES) -> float:
     return max((statistics.median(ratios) - 1.0) * run_bytes, 0.0)
 
 
+def reach_sizes(private_bytes: int, memory_bytes: int) -> list[int]:
+    """The working sets (bytes over all cores) between the private caches' total and the
+    memory stream's at which the run starts' reach is measured, REACH_STEP times apart."""
+    sizes, size = [], private_bytes * REACH_STEP
+    while size < memory_bytes:
+        sizes.append(size)
+        size *= REACH_STEP
+    return sizes
+
+
+def fit_reach(private_bytes: int, memory_bytes: int, sweep: dict[int, dict[int, list[float]]],
+              memory: dict[int, list[float]]) -> list[tuple[float, float]]:
+    """Hardware.run_start_reach from run_start_ratios over the working sets of `sweep` and from
+    memory: per size, the mean over run lengths of what its runs add to the stream over what
+    they add from memory; none within the private caches, all of it from memory. Never less
+    than at a smaller size: noise aside, a larger array strides over more pages."""
+    far = {run: statistics.median(ratios) - 1.0 for run, ratios in memory.items()}
+    points, share = [(float(private_bytes), 0.0)], 0.0
+    for size in sorted(sweep):
+        shares = [(statistics.median(sweep[size][run]) - 1.0) / far[run] for run in far if far[run] > 0]
+        share = min(1.0, max(share, statistics.mean(shares) if shares else 1.0))
+        points.append((float(size), share))
+    return [*points, (float(memory_bytes), 1.0)] if memory_bytes > points[-1][0] else points[:1]
+
+
 def calibrate(progress: Progress | None = None) -> Profile:
     """Measure this machine and return its profile (not yet saved)."""
     report = progress or (lambda fraction, message: None)
@@ -242,7 +275,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
     l1 = hw.levels[1].capacity_bytes if len(hw.levels) > 1 else 32768
     k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
     counts = sorted({1, cores})
-    steps = len(counts) * (4 + len(hw.levels)) + 1
+    private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
+    far = 2 * hw.levels[-1].capacity_bytes  # the working set of the runs from memory
+    sizes = reach_sizes(private, far)
+    steps = len(counts) * (4 + len(hw.levels)) + len(sizes) + 1
     done = 0
 
     def step(message: str) -> None:
@@ -272,9 +308,13 @@ def calibrate(progress: Progress | None = None) -> Profile:
                     size //= threads  # the last level is shared
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
         step(f"runs from memory on {threads} core(s)")
-        ratios = run_start_ratios(threads, 2 * hw.levels[-1].capacity_bytes // threads, lanes)
+        ratios = run_start_ratios(threads, far // threads, lanes)
         run_start[threads] = fit_run_start(ratios[RUN_BYTES])
         short_run_start[threads] = fit_run_start(ratios[SHORT_RUN_BYTES], SHORT_RUN_BYTES)
+    sweep = {}
+    for size in sizes:
+        step(f"runs over {size >> 20} MiB on {cores} core(s)")
+        sweep[size] = run_start_ratios(cores, size // cores, lanes, rounds=REACH_ROUNDS)
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -292,4 +332,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
+        run_start_reach=fit_reach(private, far, sweep, ratios),
     )

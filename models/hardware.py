@@ -85,9 +85,24 @@ class Hardware(BaseModel):
         None, ge=0, allow_inf_nan=False,
         description="CPU: the same for runs of SHORT_RUN_BYTES (two cache lines); none until calibrated: then a "
                     "run's start costs run_start_bytes, but no more than the run")
+    run_start_reach: list[tuple[float, float]] | None = Field(
+        None, description="CPU: per input size in bytes (increasing), the share of the run start figures its runs pay, "
+                          "linear in the log of the size between points and the nearer point's outside them; none "
+                          "until calibrated: all of them beyond the outermost level, none within")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
+
+    @field_validator("run_start_reach")
+    @classmethod
+    def _reach_points(cls, points):
+        if points is not None:
+            sizes = [size for size, _ in points]
+            if not points or any(not 0 < b < float("inf") for b in sizes) or sizes != sorted(set(sizes)):
+                raise ValueError("run_start_reach needs sizes > 0, finite and increasing")
+            if any(not 0 <= share <= 1 for _, share in points):
+                raise ValueError("run_start_reach shares must be between 0 and 1")
+        return points
 
     @model_validator(mode="after")
     def _unique_names(self) -> Hardware:
@@ -298,6 +313,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         "parallel_region_seconds": profile.parallel_region_seconds * (fit.parallel_region_multiplier if fit else 1.0),
         **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
+        **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

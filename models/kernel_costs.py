@@ -8,14 +8,15 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
 - an output that must resume from its running sum across a reduction loop
   accumulates in a contiguous buffer of its block, or in place, zeroed first by
   a pass of its own when it is the kernel's output (models/caches.output_plan);
-- inputs read from their array unpacked (models/caches.read_once) and too large
-  for any cache: the micro-kernel streams them from memory in runs as long as
+- inputs read from their array unpacked (models/caches.read_once) and large
+  enough: the micro-kernel streams them in runs as long as
   one thread's walk keeps contiguous (`contiguous_run`: an L1 block's rows, as
   far as the next blocks continue them, or a private cache's block that is one
   contiguous piece), and each
-  run's start costs the stream more (`run_start`: calibrated on 128-byte and
-  1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on both cores
-  of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed);
+  run's start costs the stream more (`run_start`: calibrated from memory on
+  128-byte and 1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on
+  both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed),
+  a share of that growing with the input's size (`run_start_reach`);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;
@@ -34,6 +35,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
@@ -116,12 +119,15 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         for name in op.inputs:
             t = workload.tensors[name]
             size = workload.size(name) * elem
-            if t.role != "input" or not t.plain or name in copied or size <= hardware.levels[-1].capacity_bytes:
+            if t.role != "input" or not t.plain or name in copied:
+                continue
+            reach = run_start_reach(hardware, size)
+            if not reach:
                 continue
             run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores)
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
-            costs.copy_seconds += stream(runs * run_start(hardware, run * elem), size)
+            costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
             streamed = max(streamed, size)
         if streamed:  # the accumulators' stores hold that stream back: as much as their own bytes would
             reloaded = _reloaded_elements(workload, orders, op, eff, padded) * elem
@@ -171,6 +177,24 @@ def run_start(hardware: Hardware, run_bytes: float) -> float:
         return min(long, run_bytes)
     along = min(max((run_bytes - SHORT_RUN_BYTES) / (RUN_BYTES - SHORT_RUN_BYTES), 0.0), 1.0)
     return short + along * (long - short)
+
+
+def run_start_reach(hardware: Hardware, nbytes: float) -> float:
+    """The share of a run start (run_start) that the runs of an `nbytes` input pay: calibrated
+    per working-set size (Hardware.run_start_reach), linear in the log of the size between the
+    sizes measured; without that, all of it beyond the outermost level and none within.
+
+    Runs cost more the larger the array they stride through, well before it leaves the last
+    cache, as pages and rows outgrow what the TLB and the prefetchers track: on the Intel Xeon
+    of BENCHMARKS.md (2 cores, 2 MiB L2 each), 128-byte runs streamed at 1/1.22, 1/1.51,
+    1/1.76, 1/2.40 and 1/2.69 of the contiguous rate over 8, 16, 32, 64 and 960 MiB, and
+    1 KiB runs at 1/1.10, 1/1.24, 1/1.41, 1/1.35 and 1/1.59, though the L3 streamed 59 GB/s
+    contiguous up to 96 MiB and 32 GB/s at 256 MiB."""
+    points = hardware.run_start_reach
+    if not points:
+        return 1.0 if nbytes > hardware.levels[-1].capacity_bytes else 0.0
+    sizes, shares = zip(*points)
+    return float(np.interp(math.log(nbytes), np.log(sizes), shares))
 
 
 def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:

@@ -77,6 +77,10 @@ class Profile(BaseModel):
     short_run_start_bytes: Figure | None = Field(
         None, description="the same for runs of SHORT_RUN_BYTES (two cache lines); none in older profiles: "
                           "a run's start costs run_start_bytes, but no more than the run")
+    run_start_reach: list[tuple[float, float]] | None = Field(
+        None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
+                          "above that a strided stream that large pays, measured on all cores; none in older profiles: "
+                          "all of it beyond the last cache, none within")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import LOADS, fit_accumulators, fit_peak_and_registers, fit_run_start
+from cachetile.backends.calibrate import (LOADS, fit_accumulators, fit_peak_and_registers, fit_reach, fit_run_start,
+                                          reach_sizes)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
@@ -23,7 +24,8 @@ def _profile(key: str) -> Profile:
                    stream_bandwidth={"L1": Figure(one_core=4e11, all_cores=8e11)}, fill_bandwidth=fill,
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
-                   short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0))
+                   short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
+                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)])
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -39,6 +41,7 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert hw.accumulator_bytes_per_s == 1.2e12 and assumed.accumulator_bytes_per_s is None
     assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
     assert (hw.short_run_start_bytes, assumed.short_run_start_bytes) == (60.0, None)
+    assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -100,6 +103,23 @@ def test_accumulator_bandwidth_is_what_the_spilling_kernel_adds():
     assert fit_accumulators((base, flops, steps), peak, registers, vector_bytes) == 1e18
 
 
+def test_the_run_starts_reach_is_their_share_of_the_memory_figures_by_size():
+    """Working sets 4x apart from the private caches' total up to the memory stream's; each
+    size's share is the mean over run lengths of its ratio's excess over memory's, never below
+    a smaller size's (64 MiB's noisier 0.2 keeps 16 MiB's 0.5); 0 within the private caches
+    and 1 from memory."""
+    mib = 1 << 20
+    assert reach_sizes(4 * mib, 960 * mib) == [16 * mib, 64 * mib, 256 * mib]
+    assert reach_sizes(2 * mib, 8 * mib) == [] and reach_sizes(2 * mib, 9 * mib) == [8 * mib]
+    memory = {128: [2.0, 2.1, 1.9], 1024: [1.5, 1.4, 1.6]}
+    sweep = {16 * mib: {128: [1.5, 1.5], 1024: [1.25, 1.25]}, 64 * mib: {128: [1.2, 1.2], 1024: [1.1, 1.1]}}
+    got = fit_reach(4 * mib, 960 * mib, sweep, memory)
+    assert [size for size, _ in got] == [4 * mib, 16 * mib, 64 * mib, 960 * mib]
+    assert [share for _, share in got] == pytest.approx([0.0, 0.5, 0.5, 1.0], rel=1e-12)
+    # A memory stream whose runs cost nothing (noise) leaves nothing to share: all of it.
+    assert fit_reach(4 * mib, 960 * mib, {16 * mib: {128: [1.2]}}, {128: [0.9]})[1] == (16 * mib, 1.0)
+
+
 def test_calibrate_from_the_command_line(tmp_path):
     env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
     tune = [sys.executable, "-m", "cachetile.api.cli"]
@@ -116,6 +136,9 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert all(np.isfinite(v) and v > 0 for v in figures)
     starts = [profile.run_start_bytes.all_cores, profile.short_run_start_bytes.all_cores]
     assert all(np.isfinite(v) and v >= 0 for v in starts)
+    sizes, shares = zip(*profile.run_start_reach)
+    assert list(sizes) == sorted(set(sizes)) and shares[0] == 0.0 and shares[-1] == 1.0
+    assert list(shares) == sorted(shares)
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)

@@ -397,6 +397,29 @@ def test_a_run_start_is_interpolated_between_the_two_calibrated_run_lengths():
     assert costs.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 600.0
 
 
+def test_an_input_pays_the_share_of_its_run_starts_calibrated_for_its_size():
+    """B is 2 MiB: with shares calibrated 0 at 1 MiB and 1 at 4 MiB, it pays half of each run's
+    start (halfway in the log of the size); with 0 up to 4 MiB it pays none and no runs are
+    counted; without a calibration it pays all of it, being larger than the outermost level."""
+    from cachetile.models.kernel_costs import run_start_reach
+
+    plain = kernel_costs(DECODE, _streaming_hardware(0.0), DECODE_ORDERS, DECODE_TILES)
+    hw = _streaming_hardware(100.0)
+    half = hw.model_copy(update={"run_start_reach": [(1 << 20, 0.0), (4 << 20, 1.0)]})
+    none = hw.model_copy(update={"run_start_reach": [(4 << 20, 0.0), (16 << 20, 1.0)]})
+    assert run_start_reach(half, 2 << 20) == pytest.approx(0.5, rel=1e-12)
+    assert [run_start_reach(half, b) for b in (1 << 19, 1 << 30)] == [0.0, 1.0]
+    costs = kernel_costs(DECODE, half, DECODE_ORDERS, DECODE_TILES)
+    assert costs.stream_bytes[-1] - plain.stream_bytes[-1] == pytest.approx(2048 * 100.0 * 0.5, rel=1e-12)
+    assert kernel_costs(DECODE, none, DECODE_ORDERS, DECODE_TILES).runs == []
+    full = kernel_costs(DECODE, hw, DECODE_ORDERS, DECODE_TILES)
+    assert full.stream_bytes[-1] - plain.stream_bytes[-1] == 2048 * 100.0
+    with pytest.raises(ValueError, match="run_start_reach needs sizes > 0, finite and increasing"):
+        hw.model_validate({**hw.model_dump(), "run_start_reach": [(4 << 20, 0.0), (1 << 20, 1.0)]})
+    with pytest.raises(ValueError, match="run_start_reach shares must be between 0 and 1"):
+        hw.model_validate({**hw.model_dump(), "run_start_reach": [(1 << 20, 1.5)]})
+
+
 def test_a_private_block_of_whole_rows_streams_as_one_run():
     """The DECODE walk under L2 blocks of 32 whole rows of B (one contiguous 128 KiB piece), on
     one core: each block is one run, whichever order its 256-wide L1 blocks take inside it;
