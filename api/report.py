@@ -106,6 +106,9 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
     if profile.short_run_start_bytes:
         rows.append((f"run start ({SHORT_RUN_BYTES} B runs)", "(at most the run)",
                      _bytes(profile.short_run_start_bytes.one_core), _bytes(profile.short_run_start_bytes.all_cores)))
+    if profile.last_level_bytes:
+        last = assumed.levels[-1]
+        rows.append((f"{last.name} size", f"{_bytes(last.capacity_bytes)} (sysfs)", "-", _bytes(profile.last_level_bytes)))
     if profile.run_start_reach:
         rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))

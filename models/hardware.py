@@ -294,7 +294,8 @@ def host_key(hardware: Hardware) -> str:
 def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) -> Hardware:
     """The hardware with the profile's all-core figures (peak, each level's fill bandwidth,
     overheads), or with `one_core` its one-core figures, times the profile's refit multipliers
-    when it has a refit."""
+    when it has a refit; and the last level's size as calibration found it, where smaller than
+    sysfs says."""
     fit = profile.refit
     bandwidth = fit.bandwidth_multipliers if fit else {}
 
@@ -304,6 +305,8 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
     levels = [lv.model_copy(update={"bandwidth_bytes_per_s": figure(profile.fill_bandwidth[lv.name])
                                     * bandwidth.get(lv.name, 1.0)})
               if lv.name in profile.fill_bandwidth else lv for lv in hardware.levels]
+    if profile.last_level_bytes and profile.last_level_bytes < levels[-1].capacity_bytes:
+        levels[-1] = levels[-1].model_copy(update={"capacity_bytes": profile.last_level_bytes})
     refitted = f", refitted on {fit.created} to {fit.records} measured plans" if fit else ""
     return hardware.model_copy(update={
         "levels": levels, "peak_flops": figure(profile.peak_flops) * (fit.peak_multiplier if fit else 1.0),

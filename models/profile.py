@@ -77,6 +77,9 @@ class Profile(BaseModel):
     short_run_start_bytes: Figure | None = Field(
         None, description="the same for runs of SHORT_RUN_BYTES (two cache lines); none in older profiles: "
                           "a run's start costs run_start_bytes, but no more than the run")
+    last_level_bytes: int | None = Field(
+        None, gt=0, description="the last cache's size where its sweep shows it holding less than sysfs says: the "
+                                "largest working set (all cores) still streaming at the cache's speed; none: as sysfs says")
     run_start_reach: list[tuple[float, float]] | None = Field(
         None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
                           "above that a strided stream that large pays, measured on all cores; none in older profiles: "

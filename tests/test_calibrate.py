@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (LOADS, fit_accumulators, fit_peak_and_registers, fit_reach, fit_run_start,
-                                          reach_sizes)
+from cachetile.backends.calibrate import (LOADS, fit_accumulators, fit_last_level, fit_peak_and_registers, fit_reach,
+                                          fit_run_start, last_level_sizes, reach_sizes)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
@@ -45,6 +45,14 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
+    # A last cache found smaller than sysfs says takes the measured size; never a larger one.
+    last = assumed.levels[-1].capacity_bytes
+    for measured, expected in ((last // 4, last // 4), (2 * last, last)):
+        save_profile(_profile(key).model_copy(update={"last_level_bytes": measured}))
+        assert [lv.capacity_bytes for lv in host().levels] == [lv.capacity_bytes for lv in assumed.levels[:-1]] + [expected]
+    if last // 4 > 0:
+        save_profile(_profile(key).model_copy(update={"last_level_bytes": last // 4}))
+        assert on_cores(host(), 1).levels[-1].capacity_bytes == last // 4
     # A profile measured elsewhere (another key) is never applied, nor is an unreadable file.
     (tmp_path / f"{key}.json").write_text(_profile("other-machine").model_dump_json())
     assert load_profile(key) is None and host().calibrated is None
@@ -120,6 +128,20 @@ def test_the_run_starts_reach_is_their_share_of_the_memory_figures_by_size():
     assert fit_reach(4 * mib, 960 * mib, {16 * mib: {128: [1.2]}}, {128: [0.9]})[1] == (16 * mib, 1.0)
 
 
+def test_the_last_cache_is_as_large_as_its_sweep_streams_at_its_speed():
+    """The sweep doubles from twice the private caches' total to half the last cache. The Intel
+    Xeon's (sysfs: 480 MiB) streamed 59 GB/s up to 128 MiB (55 there) and 35 at 240: 128 MiB.
+    A sweep whose largest working set still streams at the cache's speed leaves sysfs's size,
+    whatever dips on the way; one that leaves the cache at once gives its first working set."""
+    mib = 1 << 20
+    assert last_level_sizes(4 * mib, 480 * mib) == [8 * mib, 16 * mib, 32 * mib, 64 * mib, 128 * mib, 240 * mib]
+    assert last_level_sizes(2 * mib, 32 * mib) == [4 * mib, 8 * mib, 16 * mib]
+    xeon = {8: 58.9, 16: 58.1, 32: 58.7, 64: 58.7, 128: 54.6, 240: 35.0}
+    assert fit_last_level({s * mib: g * 1e9 for s, g in xeon.items()}) == 128 * mib
+    assert fit_last_level({4 * mib: 90e9, 8 * mib: 60e9, 16 * mib: 88e9}) is None
+    assert fit_last_level({4 * mib: 90e9, 8 * mib: 40e9, 16 * mib: 41e9}) == 4 * mib
+
+
 def test_calibrate_from_the_command_line(tmp_path):
     env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
     tune = [sys.executable, "-m", "cachetile.api.cli"]
@@ -136,6 +158,8 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert all(np.isfinite(v) and v > 0 for v in figures)
     starts = [profile.run_start_bytes.all_cores, profile.short_run_start_bytes.all_cores]
     assert all(np.isfinite(v) and v >= 0 for v in starts)
+    sysfs = host(calibrated=False).levels[-1].capacity_bytes
+    assert profile.last_level_bytes is None or 0 < profile.last_level_bytes < sysfs
     sizes, shares = zip(*profile.run_start_reach)
     assert list(sizes) == sorted(set(sizes)) and shares[0] == 0.0 and shares[-1] == 1.0
     assert list(shares) == sorted(shares)
