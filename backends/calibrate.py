@@ -15,16 +15,17 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   what that time adds to the first gives the accumulators' bandwidth. Stores
   and store-to-load forwarding do not overlap the FMAs the way input loads do
   (measured on Zen 5: 100 against 235 GFLOP/s per core);
-- streaming reads (8 accumulator vectors, so latency does not bind) over a
-  working set sized to half of each cache level, and 4x the last level for
-  memory: the link filling level l is the stream from level l+1;
-- first, the same stream over working sets doubling from twice the private
+- first, the stream below over working sets doubling from twice the private
   caches' total to half the last cache (all cores): where the larger ones
   stream at memory's speed, the last cache holds less than sysfs says (a
   virtual machine's, or one shared with other tenants), and its largest
   working set still streaming at the cache's speed is taken for its size;
-- a stream from memory (twice the last level, like a decode step's weights)
-  read in 1 KiB runs, one per 16 KiB row, as the micro-kernel reads an
+- streaming reads (8 accumulator vectors, so latency does not bind) over a
+  working set sized to half of each cache level, and 4x the last level (as
+  the sweep found it) for memory: the link filling level l is the stream
+  from level l+1;
+- a stream from memory (twice the last level as found, like a decode step's
+  weights) read in 1 KiB runs, one per 16 KiB row, as the micro-kernel reads an
   unpacked input whose L1 block is 256 floats wide, and in 128-byte runs (32
   floats), each timed in turn with the same array read contiguously: what each
   run's start adds, in bytes of the contiguous stream;
@@ -310,9 +311,8 @@ def calibrate(progress: Progress | None = None) -> Profile:
     k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
-    far = 2 * hw.levels[-1].capacity_bytes  # the working set of the runs from memory
-    sizes = reach_sizes(private, far)
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
+    sizes = reach_sizes(private, 2 * hw.levels[-1].capacity_bytes)  # known once the sweep has found the last cache
     steps = len(counts) * (4 + len(hw.levels)) + len(sizes) + len(sweep_sizes) + 1
     done = 0
 
@@ -326,6 +326,13 @@ def calibrate(progress: Progress | None = None) -> Profile:
         step(f"streaming {size >> 20} MiB on {cores} core(s)")
         last_sweep[size] = stream_bandwidth(cores, size // cores, lanes)
     last_level = fit_last_level(last_sweep)
+    # Memory is what lies beyond the last cache as measured: working sets past sysfs's size would
+    # only cost time (a 480 MiB L3 that holds 128 MiB streamed 1.9 GB per call on one core).
+    last = last_level or hw.levels[-1].capacity_bytes
+    far = 2 * last  # the working set of the runs from memory
+    steps -= len(sizes)
+    sizes = reach_sizes(private, far)
+    steps += len(sizes)
     peak, registers, accumulators, run_start, short_run_start = {}, {}, {}, {}, {}
     stream: dict[str, dict] = {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
     for threads in counts:
@@ -341,11 +348,11 @@ def calibrate(progress: Progress | None = None) -> Profile:
         for name in stream:
             step(f"streaming from {name} on {threads} core(s)")
             if name == "memory":
-                size = 4 * hw.levels[-1].capacity_bytes // threads
+                size = 4 * last // threads
+            elif name == hw.levels[-1].name:
+                size = last // 2 // threads  # shared
             else:
                 size = next(lv.capacity_bytes for lv in hw.levels if lv.name == name) // 2
-                if name == hw.levels[-1].name:
-                    size = (last_level or 2 * size) // 2 // threads  # shared, and maybe smaller than sysfs says
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
         step(f"runs from memory on {threads} core(s)")
         ratios = run_start_ratios(threads, far // threads, lanes)
