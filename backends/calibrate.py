@@ -356,6 +356,8 @@ def calibrate(progress: Progress | None = None) -> Profile:
             stream[name][threads] = stream_bandwidth(threads, size, lanes)
         step(f"runs from memory on {threads} core(s)")
         ratios = run_start_ratios(threads, far // threads, lanes)
+        if threads == cores:
+            memory_ratios = ratios  # what the reach's shares are taken of: all cores, like the sweep
         run_start[threads] = fit_run_start(ratios[RUN_BYTES])
         short_run_start[threads] = fit_run_start(ratios[SHORT_RUN_BYTES], SHORT_RUN_BYTES)
     sweep = {}
@@ -379,5 +381,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
-        run_start_reach=fit_reach(private, far, sweep, ratios), last_level_bytes=last_level,
+        run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
     )

@@ -222,7 +222,7 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
     0.97-1.03, 8x1024 in 0.84-0.89 (register tile 1x128 under the 16x512 block: 0.95-1.00).
     A block whose next one continues its rows extends each row's run, though the rows are read
     in turn: gemm 8x4096x4096 with 128x32 L1 blocks of B moving along its rows through an L3
-    block 2048 wide (each thread's half of B's rows: runs of 1024 floats) ran at 0.77-0.86x the
+    block 2048 wide (one block per thread: runs of 2048 floats, half a row) ran at 0.77-0.86x the
     time of 64x64 blocks moving down its columns (runs of 64), Intel Xeon, BENCHMARKS.md.
     Or a private cache's whole block, where one thread's part of it is one contiguous piece of
     the array (rows read whole)."""
