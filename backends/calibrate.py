@@ -43,6 +43,7 @@ directory and applied by the `host` preset from then on.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import os
 import statistics
 import time
@@ -249,14 +250,19 @@ def fit_run_start(ratios: list[float], run_bytes: int = RUN_BYTES) -> float:
     return max((statistics.median(ratios) - 1.0) * run_bytes, 0.0)
 
 
+def _ladder(first: int, below: int, factor: int) -> list[int]:
+    """first, first * factor, ... while below `below`."""
+    sizes = []
+    while first < below:
+        sizes.append(first)
+        first *= factor
+    return sizes
+
+
 def last_level_sizes(private_bytes: int, capacity_bytes: int) -> list[int]:
     """The working sets (bytes over all cores) of the last cache's sweep: doubling from twice the
     private caches' total, up to half of the cache as sysfs gives it."""
-    sizes, size = [], 2 * private_bytes
-    while size < capacity_bytes // 2:
-        sizes.append(size)
-        size *= 2
-    return [*sizes, capacity_bytes // 2]
+    return [*_ladder(2 * private_bytes, capacity_bytes // 2, 2), capacity_bytes // 2]
 
 
 def fit_last_level(bandwidths: dict[int, float]) -> int | None:
@@ -277,11 +283,7 @@ def fit_last_level(bandwidths: dict[int, float]) -> int | None:
 def reach_sizes(private_bytes: int, memory_bytes: int) -> list[int]:
     """The working sets (bytes over all cores) between the private caches' total and the
     memory stream's at which the run starts' reach is measured, REACH_STEP times apart."""
-    sizes, size = [], private_bytes * REACH_STEP
-    while size < memory_bytes:
-        sizes.append(size)
-        size *= REACH_STEP
-    return sizes
+    return _ladder(private_bytes * REACH_STEP, memory_bytes, REACH_STEP)
 
 
 def fit_reach(private_bytes: int, memory_bytes: int, sweep: dict[int, dict[int, list[float]]],
@@ -312,8 +314,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    sizes = reach_sizes(private, 2 * hw.levels[-1].capacity_bytes)  # known once the sweep has found the last cache
-    steps = len(counts) * (4 + len(hw.levels)) + len(sizes) + len(sweep_sizes) + 1
+    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 1  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -321,16 +322,17 @@ def calibrate(progress: Progress | None = None) -> Profile:
         report(done / steps, message)
         done += 1
 
+    # Each stream once: the sweep's working set at half the last cache is the all-core L3 stream's.
+    bandwidth = functools.cache(lambda threads, size: stream_bandwidth(threads, size, lanes))
     last_sweep = {}
     for size in sweep_sizes:
         step(f"streaming {size >> 20} MiB on {cores} core(s)")
-        last_sweep[size] = stream_bandwidth(cores, size // cores, lanes)
+        last_sweep[size] = bandwidth(cores, size // cores)
     last_level = fit_last_level(last_sweep)
     # Memory is what lies beyond the last cache as measured: working sets past sysfs's size would
     # only cost time (a 480 MiB L3 that holds 128 MiB streamed 1.9 GB per call on one core).
     last = last_level or hw.levels[-1].capacity_bytes
     far = 2 * last  # the working set of the runs from memory
-    steps -= len(sizes)
     sizes = reach_sizes(private, far)
     steps += len(sizes)
     peak, registers, accumulators, run_start, short_run_start = {}, {}, {}, {}, {}
@@ -353,7 +355,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
                 size = last // 2 // threads  # shared
             else:
                 size = next(lv.capacity_bytes for lv in hw.levels if lv.name == name) // 2
-            stream[name][threads] = stream_bandwidth(threads, size, lanes)
+            stream[name][threads] = bandwidth(threads, size)
         step(f"runs from memory on {threads} core(s)")
         ratios = run_start_ratios(threads, far // threads, lanes)
         if threads == cores:
