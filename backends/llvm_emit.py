@@ -136,7 +136,14 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, w
     registers beside the accumulators (conv 3x3 with 2x7x32 tiles: 80 spill moves in the FMA
     loop, and 66-141 GFLOP/s on one core depending on where the stack fell)."""
     if lanes is not None:
-        sch.vectorize(nests.loops[(op.name, (micro[-1], -1))])
+        row = nests.loops[(op.name, (micro[-1], -1))]
+        count, rest = divmod(sch.get(row).extent.value, lanes)
+        if rest == 0 and count & (count - 1):
+            # LLVM legalises a <48 x float> FMA into scalar shuffles through the stack (an 8x48
+            # tile of gemm 1000^3 ran at 4 GFLOP/s): a row of 3, 5, ... vectors, one at a time
+            outer, row = sch.split(row, factors=[None, lanes])
+            sch.unroll(outer)
+        sch.vectorize(row)
     budget = UNROLL_LIMIT
     for x in reversed(micro[:-1]):
         loop = nests.loops[(op.name, (x, -1))]
@@ -201,7 +208,8 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
     if lanes is None:
         return
     if isinstance(extent, tirx.IntImm) and extent.value > 1:
-        if extent.value > lanes * vectors and extent.value % lanes == 0:
+        count = extent.value // lanes
+        if extent.value % lanes == 0 and (count > vectors or count & (count - 1)):
             loop = sch.split(loop, factors=[None, lanes])[1]
         sch.vectorize(loop)
 
