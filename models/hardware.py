@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput, one_line_errors
-from .profile import Profile, load_profile, machine_key, profile_path
+from .profile import Profile, ReachPoints, load_profile, machine_key, profile_path
 from .workload import Dtype
 
 
@@ -85,24 +85,13 @@ class Hardware(BaseModel):
         None, ge=0, allow_inf_nan=False,
         description="CPU: the same for runs of SHORT_RUN_BYTES (two cache lines); none until calibrated: then a "
                     "run's start costs run_start_bytes, but no more than the run")
-    run_start_reach: list[tuple[float, float]] | None = Field(
+    run_start_reach: ReachPoints = Field(
         None, description="CPU: per input size in bytes (increasing), the share of the run start figures its runs pay, "
                           "linear in the log of the size between points and the nearer point's outside them; none "
                           "until calibrated: all of them beyond the outermost level, none within")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
-
-    @field_validator("run_start_reach")
-    @classmethod
-    def _reach_points(cls, points):
-        if points is not None:
-            sizes = [size for size, _ in points]
-            if not points or any(not 0 < b < float("inf") for b in sizes) or sizes != sorted(set(sizes)):
-                raise ValueError("run_start_reach needs sizes > 0, finite and increasing")
-            if any(not 0 <= share <= 1 for _, share in points):
-                raise ValueError("run_start_reach shares must be between 0 and 1")
-        return points
 
     @model_validator(mode="after")
     def _unique_names(self) -> Hardware:

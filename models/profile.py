@@ -18,8 +18,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import BaseModel, Field
+from pydantic import AfterValidator, BaseModel, Field
 
 from .errors import InvalidInput
 
@@ -27,6 +28,23 @@ from .errors import InvalidInput
 # reads an unpacked input in runs as long as its L1 block's rows, 128 B for 32 floats.
 SHORT_RUN_BYTES, RUN_BYTES = 128, 1024
 
+
+def _reach_points(points):
+    """Sizes > 0, finite and increasing, each with a share in [0, 1] (kernel_costs.run_start_reach
+    interpolates between them in log size)."""
+    if points is not None:
+        sizes = [size for size, _ in points]
+        if not points or any(not 0 < b < float("inf") for b in sizes) or sizes != sorted(set(sizes)):
+            raise ValueError("run_start_reach needs sizes > 0, finite and increasing")
+        if any(not 0 <= share <= 1 for _, share in points):
+            raise ValueError("run_start_reach shares must be between 0 and 1")
+    return points
+
+
+# Checked where a profile loads as well as on the hardware: a hand-edited profile with shares out
+# of order is then ignored like any unreadable one (the assumed figures apply) instead of reaching
+# the model through apply_profile's model_copy, which validates nothing.
+ReachPoints = Annotated[list[tuple[float, float]] | None, AfterValidator(_reach_points)]
 
 class Figure(BaseModel):
     """One quantity measured on one core and on all cores."""
@@ -80,7 +98,7 @@ class Profile(BaseModel):
     last_level_bytes: int | None = Field(
         None, gt=0, description="the last cache's size where its sweep shows it holding less than sysfs says: the "
                                 "largest working set (all cores) still streaming at the cache's speed; none: as sysfs says")
-    run_start_reach: list[tuple[float, float]] | None = Field(
+    run_start_reach: ReachPoints = Field(
         None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
                           "above that a strided stream that large pays, measured on all cores; none in older profiles: "
                           "all of it beyond the last cache, none within")

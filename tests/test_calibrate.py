@@ -58,6 +58,11 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert load_profile(key) is None and host().calibrated is None
     (tmp_path / f"{key}.json").write_text("{not json")
     assert load_profile(key) is None
+    # Nor is one whose run-start shares are out of order (hand-edited): the assumed figures apply.
+    bad = _profile(key).model_dump()
+    bad["run_start_reach"] = [(1.6e7, 0.4), (4e6, 0.0)]
+    (tmp_path / f"{key}.json").write_text(json.dumps(bad))
+    assert load_profile(key) is None and host().run_start_reach is None
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core is the whole machine")
