@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, output_tile, trips, walk
+from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, trips, walk
 from .costmodel import parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .profile import RUN_BYTES, SHORT_RUN_BYTES
@@ -114,8 +114,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
     copied = {site.tensor for site in copies}
+    # Accumulators stored and reloaded between k steps cost the register link only (the
+    # accumulator bandwidth): gemm 8x4096x1024 reading B unpacked, 8x32 tiles reloaded every 2,
+    # 4, 8, 16 and 64 k steps, ran in 0.58, 0.51, 0.48, 0.47 and 0.52 ms (Intel Xeon,
+    # BENCHMARKS.md), where charging the reloads to B's stream as well predicted 1.76 to 0.64.
     for op in workload.ops:
-        streamed = 0.0  # bytes of the largest input the op streams unpacked from memory
         for name in op.inputs:
             t = workload.tensors[name]
             size = workload.size(name) * elem
@@ -128,10 +131,6 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
-            streamed = max(streamed, size)
-        if streamed:  # the accumulators' stores hold that stream back: as much as their own bytes would
-            reloaded = _reloaded_elements(workload, orders, op, eff, padded) * elem
-            costs.copy_seconds += stream(reloaded, streamed)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
@@ -195,19 +194,6 @@ def run_start_reach(hardware: Hardware, nbytes: float) -> float:
         return 1.0 if nbytes > hardware.levels[-1].capacity_bytes else 0.0
     sizes, shares = zip(*points)
     return float(np.interp(math.log(nbytes), np.log(sizes), shares))
-
-
-def _reloaded_elements(workload: Workload, orders, op, tiles, padded) -> float:
-    """Elements of the op's output register tile loaded back from memory over the kernel: its
-    fills (one per trip of the walk down to its key-slice) beyond the first of each tile."""
-    key, _ = output_tile(workload, orders, op, tiles, padded)
-    if key is None:
-        return 0.0
-    positions = walk(workload, orders, op)
-    fills = _prod(trips(tiles, padded, x, j) for x, j in positions[: positions.index(key) + 1])
-    out = workload.tensors[op.output].dims
-    block = _prod(tiles[0][x] for x in out)
-    return max(fills * block - _prod(padded[x] for x in out), 0.0)
 
 
 def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1) -> int:
