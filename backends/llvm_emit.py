@@ -203,7 +203,8 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
 
 
 def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
-    """Vectorise the loop, split into vectors of `lanes` when it spans more than `vectors` of them."""
+    """Vectorise the loop, split into vectors of `lanes` when it spans more than `vectors` of them
+    or a count of them that is not a power of two (see _micro_kernel)."""
     extent = sch.get(loop).extent
     if lanes is None:
         return
