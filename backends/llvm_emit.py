@@ -17,6 +17,8 @@ models/caches.py; this module turns them into schedule primitives:
 """
 from __future__ import annotations
 
+import math
+
 from tvm import s_tir, tirx
 
 from ..models.caches import (
@@ -137,12 +139,10 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, w
     loop, and 66-141 GFLOP/s on one core depending on where the stack fell)."""
     if lanes is not None:
         row = nests.loops[(op.name, (micro[-1], -1))]
-        count, rest = divmod(sch.get(row).extent.value, lanes)
-        if rest == 0 and count & (count - 1):
-            # LLVM legalises a <48 x float> FMA into scalar shuffles through the stack (an 8x48
-            # tile of gemm 1000^3 ran at 4 GFLOP/s): a row of 3, 5, ... vectors, one at a time
-            outer, row = sch.split(row, factors=[None, lanes])
-            sch.unroll(outer)
+        parts = _vector_split(sch, row, lanes, vectors=math.inf)  # a row of 3, 5, ... vectors only
+        if parts:
+            sch.unroll(parts[0])
+            row = parts[1]
         sch.vectorize(row)
     budget = UNROLL_LIMIT
     for x in reversed(micro[:-1]):
@@ -202,17 +202,28 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
         _vectorize(sch, order[-1], lanes)
 
 
+def _vector_split(sch, loop, lanes: int, vectors: float = 1) -> list | None:
+    """The loop split into (outer, one vector of `lanes`) when it spans whole vectors, more than
+    `vectors` of them or a count that is not a power of two; None when it stays whole. LLVM
+    legalises a <48 x float> FMA through scalar shuffles on the stack: an 8x48 register tile
+    of gemm 1000^3 ran at 4 GFLOP/s as one wide loop (252 ms; 6.3 ms split)."""
+    extent = sch.get(loop).extent
+    if not isinstance(extent, tirx.IntImm):
+        return None
+    count, rest = divmod(extent.value, lanes)
+    if rest or not (count > vectors or count & (count - 1)):
+        return None
+    return sch.split(loop, factors=[None, lanes])
+
+
 def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
-    """Vectorise the loop, split into vectors of `lanes` when it spans more than `vectors` of them
-    or a count of them that is not a power of two (see _micro_kernel)."""
+    """Vectorise the loop, split into vectors of `lanes` where _vector_split splits it."""
     extent = sch.get(loop).extent
     if lanes is None:
         return
     if isinstance(extent, tirx.IntImm) and extent.value > 1:
-        count = extent.value // lanes
-        if extent.value % lanes == 0 and (count > vectors or count & (count - 1)):
-            loop = sch.split(loop, factors=[None, lanes])[1]
-        sch.vectorize(loop)
+        parts = _vector_split(sch, loop, lanes, vectors)
+        sch.vectorize(parts[1] if parts else loop)
 
 
 # A register tile's row of up to this many vectors is zeroed and stored by one vectorised loop.
