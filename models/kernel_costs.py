@@ -58,7 +58,8 @@ class KernelCosts:
     # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
     # filled at: None at the root)
     copies: list[tuple[str, int, float, float, object]] = field(default_factory=list)
-    # inputs streamed unpacked from memory: (tensor, contiguous runs read, elements per run)
+    # inputs streamed unpacked whose runs pay a share of a run start (run_start_reach): (tensor,
+    # contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
