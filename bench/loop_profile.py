@@ -139,8 +139,8 @@ def main():
         built.export_library(str(library))
         per_call = time_kernel(built.mod, inputs_of(w), 10)  # unsampled: perf shares the cores
         subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-o", str(data), "--",
-                              sys.executable, __file__, args.kind, "--dims", args.dims, "--seconds",
-                              str(args.seconds), "--child", str(library)], capture_output=True, text=True, check=True)
+                        sys.executable, __file__, args.kind, "--dims", args.dims, "--seconds", str(args.seconds),
+                        "--child", str(library)], capture_output=True, text=True, check=True)
         counts, (found, code) = samples(data, library), loops(library)
     total = sum(counts.values())
     if not total:
@@ -148,10 +148,11 @@ def main():
     per_loop = Counter()
     for offset, n in counts.items():
         per_loop[next((lp for lp in found if lp[0] <= offset <= lp[1]), None)] += n
-    rows, fma_share = [], 0.0
+    mixes = {loop: body_mix(code, loop, found) if loop else {} for loop in per_loop}
+    fma_share = sum(n for loop, n in per_loop.items() if mixes[loop].get("fma")) / total
+    rows = []
     for loop, n in per_loop.most_common(8):
-        mix = body_mix(code, loop, found) if loop else {}
-        fma_share += n / total if mix.get("fma") else 0.0
+        mix = mixes[loop]
         rows.append([f"{loop[0]:#x}-{loop[1]:#x}" if loop else "outside loops", f"{100 * n / total:.1f}",
                      *(mix.get(k, "") for k in COLUMNS)])
     spec = " | ".join("".join(lv.order) + ":" + ",".join(str(t) for t in lv.tile.values()) for lv in plan.levels)
