@@ -18,7 +18,6 @@ zeroing, write-back, the thread pool). Needs `perf` and `objdump` (binutils).
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -40,8 +39,9 @@ MMAP = re.compile(r"MMAP2?.*\[(0x[0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+|0) .
 
 def workload_of(kind: str, dims: str):
     from cachetile import builtin
+    from cachetile.api.cli import _extents  # the CLI's own reading of --dims
 
-    return builtin(kind, {k: int(v) for k, v in (p.split("=") for p in dims.split(","))})
+    return builtin(kind, _extents(dims))
 
 
 def inputs_of(w):
@@ -128,11 +128,11 @@ def main():
     from cachetile import hardware_from, tune
     from cachetile.backends.llvm_build import use_all_cores
     from cachetile.backends.llvm_measure import time_kernel
-    from cachetile.models.plan import Plan
+    from cachetile.api.autotune import parse_document
 
     w, hw = workload_of(args.kind, args.dims), hardware_from("host")
     use_all_cores(hw)
-    plan = Plan.model_validate(json.loads(Path(args.plan).read_text())["plan"]) if args.plan else tune(w, hw).plan
+    plan = parse_document(Path(args.plan).read_text()).plan if args.plan else tune(w, hw).plan
     with tempfile.TemporaryDirectory(prefix="cachetile-profile-") as tmp:
         library, data = Path(tmp) / "kernel.so", Path(tmp) / "perf.data"
         built = llvm().build(w, hw, plan).lib
