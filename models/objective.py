@@ -187,18 +187,22 @@ def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | f
     if cores <= 1:
         return 0.0
     picks = parallel_loops(workload, orders, tiles, cores)
-    last = parallel_candidates(workload, orders, workload.ops[-1])
+    cands = {op.name: parallel_candidates(workload, orders, op) for op in workload.ops}
+
+    def splits(op, pick, loops) -> np.ndarray:  # whether the op's parallel loop `pick` indexes one of `loops`
+        return np.isin(pick, [i for i, (x, _) in enumerate(cands[op.name]) if x in loops])
+
+    last = workload.ops[-1]
     factor: dict[str, np.ndarray] = {}
     for op, (pick, trips) in zip(workload.ops, picks):
-        cands = parallel_candidates(workload, orders, op)
         used = np.minimum(cores, np.maximum(trips, 1))
         for name in op.inputs:
             if workload.tensors[name].role != "input":
                 continue
             loops = workload.tensors[name].loops
-            split = np.isin(pick, [i for i, (x, _) in enumerate(cands) if x in loops])
-            if op is not workload.ops[-1]:  # a producer inside the last op's parallel loop
-                split = split | ((pick == -1) & np.isin(picks[-1][0], [i for i, (x, _) in enumerate(last) if x in loops]))
+            split = splits(op, pick, loops)
+            if op is not last:  # a producer inside the last op's parallel loop
+                split = split | ((pick == -1) & splits(last, picks[-1][0], loops))
             factor[name] = np.maximum(factor.get(name, 1.0), np.where(split, 1.0, used))
     elem = workload.elem_bytes
     floor = workload.bytes_of("output")
