@@ -43,6 +43,7 @@ class Emitted:
     caches: list[CacheRecord]
     padded: dict[str, int]
     launch: dict = field(default_factory=dict)  # GPU: threads and blocks
+    prefetches: list = field(default_factory=list)  # CPU: llvm_prefetch.insert_prefetches' sites
 
 
 @dataclass

@@ -86,7 +86,23 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores)
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
-    return Emitted(sch, cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores), padded)
+    records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
+    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, blocks, nests))
+
+
+def _prefetch_sites(sch, workload, blocks, nests: _Nests) -> list[tuple[str, int]]:
+    """Per op, its block and the depth of the loop whose steps move the micro-kernel from one
+    packed block to the next: the innermost serial loop with more than one trip above the
+    register tile's walk through L1 (backends/llvm_prefetch.py prefetches the next step's)."""
+    sites = []
+    for op in workload.ops:
+        loops = [sch.get(rv) for rv in sch.get_loops(blocks[op.name])]
+        micro = [sch.get(nests.loops[(op.name, (x, 0))]) for x in op.loops if (op.name, (x, 0)) in nests.loops]
+        first = min((i for i, loop in enumerate(loops) if any(loop.same_as(m) for m in micro)), default=None)
+        steps = [i for i in range(first or 0) if int(loops[i].extent) > 1 and loops[i].kind == tirx.ForKind.SERIAL]
+        if first is not None and steps:
+            sites.append((sch.get(blocks[op.name]).name_hint, steps[-1]))
+    return sites
 
 
 def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> None:
