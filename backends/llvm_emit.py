@@ -26,6 +26,7 @@ from ..models.caches import (
     holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
     trips, walk,
 )
+from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import Plan
@@ -87,21 +88,43 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
-    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, blocks, nests))
+    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, blocks, nests))
 
 
-def _prefetch_sites(sch, workload, blocks, nests: _Nests) -> list[tuple[str, int]]:
-    """Per op, its block and the depth of the loop whose steps move the micro-kernel from one
-    packed block to the next: the innermost serial loop with more than one trip above the
-    register tile's walk through L1 (backends/llvm_prefetch.py prefetches the next step's)."""
+def _restreamed(workload: Workload, orders, plan: Plan, op) -> list[str]:
+    """The op's inputs that the plan moves into the last level below the top at least twice
+    over: their blocks come back from the top level (L3) each time, where the hardware
+    prefetcher starts over at every block. Prefetching the next block pays only there; on
+    inputs that stay in L2 it cost 5-7% (gpt-2 decode 16x3072x768, ViT attention)."""
+    level, tiles = len(orders) - 2, [lv.tile for lv in plan.levels]
+    return [name for name in op.inputs
+            if float(data_volume(workload, orders, tiles, [level], only={name})[0])
+            >= 2 * workload.size(name) * workload.elem_bytes]
+
+
+def _prefetch_sites(sch, workload, orders, plan, blocks, nests: _Nests) -> list[tuple[str, int, tuple[str, ...]]]:
+    """Per op with re-streamed inputs (_restreamed): its block, the depth of the loop whose
+    steps move the micro-kernel from one register tile to the next, and those inputs. The loop:
+    above the register tile's walk through L1, the innermost serial spatial loop with more than
+    one trip, past the reduction loops the tile stays in registers across (a call inside them
+    keeps LLVM from holding the accumulators there: 2.2x slower on bert ffn1).
+    backends/llvm_prefetch.py prefetches that loop's next step."""
     sites = []
     for op in workload.ops:
+        streamed = _restreamed(workload, orders, plan, op) if len(orders) > 2 else []
         loops = [sch.get(rv) for rv in sch.get_loops(blocks[op.name])]
-        micro = [sch.get(nests.loops[(op.name, (x, 0))]) for x in op.loops if (op.name, (x, 0)) in nests.loops]
-        first = min((i for i, loop in enumerate(loops) if any(loop.same_as(m) for m in micro)), default=None)
-        steps = [i for i in range(first or 0) if int(loops[i].extent) > 1 and loops[i].kind == tirx.ForKind.SERIAL]
-        if first is not None and steps:
-            sites.append((sch.get(blocks[op.name]).name_hint, steps[-1]))
+        own = {(x, j): sch.get(rv) for (name, (x, j)), rv in nests.loops.items() if name == op.name and j >= 0}
+        micro = [i for i, loop in enumerate(loops) if any(loop.same_as(f) for (_, j), f in own.items() if j == 0)]
+        spatial = set(workload.tensors[op.output].dims)
+        for depth in reversed(range(min(micro, default=0)) if streamed else []):
+            loop = loops[depth]
+            x = next((x for (x, _), f in own.items() if f.same_as(loop)), None)
+            serial = x is not None and loop.kind == tirx.ForKind.SERIAL
+            if int(loop.extent) == 1 or (serial and x not in spatial):
+                continue
+            if serial:
+                sites.append((sch.get(blocks[op.name]).name_hint, depth, tuple(streamed)))
+            break
     return sites
 
 

@@ -30,16 +30,17 @@ DENSE = 2  # a block may span at most this many times its elements
 MAX_LINES = 64  # a block larger than 4 KiB is left to the hardware prefetcher
 
 
-def insert_prefetches(mod, sites: list[tuple[str, int]]):
-    """The module with prefetches inserted at `sites` ((block name, loop depth) pairs). A site
-    whose block is missing, or whose inputs hold no dense block that changes, is skipped."""
+def insert_prefetches(mod, sites: list[tuple[str, int, tuple[str, ...]]]):
+    """The module with prefetches inserted at `sites`: (block name, loop depth, the tensors whose
+    packed copies to prefetch). A site whose block is missing, or whose tensors hold no dense
+    block that changes, is skipped."""
     func = mod["main"]
-    for name, depth in sites:
+    for name, depth, tensors in sites:
         found = _find(func.body, name, [])
         if found is None or depth >= len(found[1]):
             continue
         realize, loops = found
-        calls = [_prefetch(buffer, ix) for buffer, ix in _next_lines(realize, loops[depth], loops[depth + 1:], func)]
+        calls = [_prefetch(buffer, ix) for buffer, ix in _next_lines(realize, loops[depth], loops[depth + 1:], tensors)]
         if calls:
             body = tirx.SeqStmt([tirx.Evaluate(c) for c in calls] + [loops[depth].body])
             func = func.with_body(_replace(func.body, loops[depth], body))
@@ -87,11 +88,11 @@ def _substitute(expr, values: dict):
     return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: next((x for k, x in values.items() if k.same_as(v)), v))])
 
 
-def _next_lines(realize, step, inner: list, func):
-    """(buffer, indices) of each cache line that the block's packed inputs hold at `step`'s next
-    iteration, for each input whose block moves with `step` and is one dense run."""
+def _next_lines(realize, step, inner: list, tensors):
+    """(buffer, indices) of each cache line that the packed copies of `tensors` hold at `step`'s
+    next iteration, for each whose block moves with `step` and is one dense run."""
     block = realize.block
-    packed = {b.name for sblock in _collect(func.body, s_tir.SBlock) for b in sblock.alloc_buffers}
+    packed = {f"{t}{pad}_global" for t in tensors for pad in ("", "_pad")}  # cache_read's names
     skip = {r.source.name for r in block.writes}
     binding = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values)}
     out = []
