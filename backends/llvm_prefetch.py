@@ -10,16 +10,18 @@ this one is multiplied took gemm 1000^3 from 5.66-5.90 to 5.40-5.53 ms
 
 TensorIR has no schedule primitive for this, so `insert_prefetches` rewrites
 the scheduled module; `build` and the exported schedule.py both call it, with
-the sites `emit` chose. A site is (block, depth): the loop at that depth
+the sites `emit` chose (llvm_emit._prefetch_sites: only inputs the plan
+re-streams from L3). A site is (block, depth, tensors): the loop at that depth
 (outermost 0) around the block gets, first in its body, one prefetch per cache
-line of the block each packed input holds for the next iteration. An input
-is prefetched only when that block is one dense run of the buffer: a strided
-block would fetch lines the kernel never reads.
+line of the block each tensor's packed copy holds for the next iteration. A
+copy is prefetched only when that block is one dense run of the buffer: a
+strided block would fetch lines the kernel never reads.
 """
 from __future__ import annotations
 
 import math
 
+import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
@@ -44,7 +46,7 @@ def insert_prefetches(mod, sites: list[tuple[str, int, tuple[str, ...]]]):
         if calls:
             body = tirx.SeqStmt([tirx.Evaluate(c) for c in calls] + [loops[depth].body])
             func = func.with_body(_replace(func.body, loops[depth], body))
-    return mod.__class__({"main": func})
+    return tvm.IRModule({"main": func})
 
 
 def _find(stmt, name: str, loops: list):
