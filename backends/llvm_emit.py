@@ -88,7 +88,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
-    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, blocks, nests))
+    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests))
 
 
 def _restreamed(workload: Workload, orders, plan: Plan, op) -> list[str]:
@@ -102,28 +102,32 @@ def _restreamed(workload: Workload, orders, plan: Plan, op) -> list[str]:
             >= 2 * workload.size(name) * workload.elem_bytes]
 
 
-def _prefetch_sites(sch, workload, orders, plan, blocks, nests: _Nests) -> list[tuple[str, int, tuple[str, ...]]]:
+def _prefetch_sites(sch, workload, orders, plan, padded, blocks, nests: _Nests) -> list[tuple[str, int, tuple[str, ...]]]:
     """Per op with re-streamed inputs (_restreamed): its block, the depth of the loop whose
-    steps move the micro-kernel from one register tile to the next, and those inputs. The loop:
-    above the register tile's walk through L1, the innermost serial spatial loop with more than
-    one trip, past the reduction loops the tile stays in registers across (a call inside them
-    keeps LLVM from holding the accumulators there: 2.2x slower on bert ffn1).
+    steps move the micro-kernel from one register tile to the next, and those inputs' packed
+    copies (cache_read names them after the buffer read and the scope). The loop: above the
+    register tile's walk through L1, the innermost serial spatial loop with more than one trip,
+    past the reduction loops the tile stays in registers across (a call inside them keeps LLVM
+    from holding the accumulators there: 2.2x slower on bert ffn1).
     backends/llvm_prefetch.py prefetches that loop's next step."""
     sites = []
     for op in workload.ops:
         streamed = _restreamed(workload, orders, plan, op) if len(orders) > 2 else []
+        if not streamed:
+            continue
+        copies = tuple(f"{source_name(workload, name, padded)}_global" for name in streamed)
         loops = [sch.get(rv) for rv in sch.get_loops(blocks[op.name])]
         own = {(x, j): sch.get(rv) for (name, (x, j)), rv in nests.loops.items() if name == op.name and j >= 0}
         micro = [i for i, loop in enumerate(loops) if any(loop.same_as(f) for (_, j), f in own.items() if j == 0)]
         spatial = set(workload.tensors[op.output].dims)
-        for depth in reversed(range(min(micro, default=0)) if streamed else []):
+        for depth in reversed(range(min(micro, default=0))):
             loop = loops[depth]
             x = next((x for (x, _), f in own.items() if f.same_as(loop)), None)
             serial = x is not None and loop.kind == tirx.ForKind.SERIAL
             if int(loop.extent) == 1 or (serial and x not in spatial):
                 continue
             if serial:
-                sites.append((sch.get(blocks[op.name]).name_hint, depth, tuple(streamed)))
+                sites.append((sch.get(blocks[op.name]).name_hint, depth, copies))
             break
     return sites
 

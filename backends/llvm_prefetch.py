@@ -11,9 +11,9 @@ this one is multiplied took gemm 1000^3 from 5.66-5.90 to 5.40-5.53 ms
 TensorIR has no schedule primitive for this, so `insert_prefetches` rewrites
 the scheduled module; `build` and the exported schedule.py both call it, with
 the sites `emit` chose (llvm_emit._prefetch_sites: only inputs the plan
-re-streams from L3). A site is (block, depth, tensors): the loop at that depth
+re-streams from L3). A site is (block, depth, buffers): the loop at that depth
 (outermost 0) around the block gets, first in its body, one prefetch per cache
-line of the block each tensor's packed copy holds for the next iteration. A
+line of the block each of those packed copies holds for the next iteration. A
 copy is prefetched only when that block is one dense run of the buffer: a
 strided block would fetch lines the kernel never reads.
 """
@@ -33,16 +33,16 @@ MAX_LINES = 64  # a block larger than 4 KiB is left to the hardware prefetcher
 
 
 def insert_prefetches(mod, sites: list[tuple[str, int, tuple[str, ...]]]):
-    """The module with prefetches inserted at `sites`: (block name, loop depth, the tensors whose
-    packed copies to prefetch). A site whose block is missing, or whose tensors hold no dense
-    block that changes, is skipped."""
+    """The module with prefetches inserted at `sites`: (block name, loop depth, the packed
+    buffers to prefetch). A site whose block is missing, or whose buffers hold no dense block
+    that changes, is skipped."""
     func = mod["main"]
-    for name, depth, tensors in sites:
+    for name, depth, buffers in sites:
         found = _find(func.body, name, [])
         if found is None or depth >= len(found[1]):
             continue
         realize, loops = found
-        calls = [_prefetch(buffer, ix) for buffer, ix in _next_lines(realize, loops[depth], loops[depth + 1:], tensors)]
+        calls = [_prefetch(buffer, ix) for buffer, ix in _next_lines(realize, loops[depth], loops[depth + 1:], buffers)]
         if calls:
             body = tirx.SeqStmt([tirx.Evaluate(c) for c in calls] + [loops[depth].body])
             func = func.with_body(_replace(func.body, loops[depth], body))
@@ -50,9 +50,9 @@ def insert_prefetches(mod, sites: list[tuple[str, int, tuple[str, ...]]]):
 
 
 def _find(stmt, name: str, loops: list):
-    """The realize of block `name` (or of its `_update` half) and the loops around it."""
+    """The realize of block `name` and the loops around it."""
     if isinstance(stmt, s_tir.SBlockRealize):
-        if stmt.block.name_hint in (name, f"{name}_update"):
+        if stmt.block.name_hint == name:
             return stmt, loops
         return _find(stmt.block.body, name, loops)
     if isinstance(stmt, tirx.For):
@@ -90,16 +90,14 @@ def _substitute(expr, values: dict):
     return tvm_ffi.structural_map(expr, [(tirx.Var, lambda v: next((x for k, x in values.items() if k.same_as(v)), v))])
 
 
-def _next_lines(realize, step, inner: list, tensors):
-    """(buffer, indices) of each cache line that the packed copies of `tensors` hold at `step`'s
-    next iteration, for each whose block moves with `step` and is one dense run."""
+def _next_lines(realize, step, inner: list, buffers):
+    """(buffer, indices) of each cache line that the packed `buffers` hold at `step`'s next
+    iteration, for each whose block moves with `step` and is one dense run."""
     block = realize.block
-    packed = {f"{t}{pad}_global" for t in tensors for pad in ("", "_pad")}  # cache_read's names
-    skip = {r.source.name for r in block.writes}
     binding = {iv.var: value for iv, value in zip(block.iter_vars, realize.iter_values)}
     out = []
     for load in {load.source.name: load for load in _collect(block.body, TensorLoad)}.values():
-        if load.source.name in packed and load.source.name not in skip:
+        if load.source.name in buffers:
             index = [_substitute(i, binding) for i in load.indices]
             out += [(load.source, ix) for ix in _line_indices(index, load.source, step.loop_var, inner)]
     return out

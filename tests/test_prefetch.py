@@ -67,8 +67,8 @@ def test_a_restreamed_input_gets_its_next_panel_prefetched_and_the_kernel_stays_
     w, plan = _plan({"m": 200, "n": 256, "k": 120}, "mnk:4,64,1|nkm:4,64,30|mnk:200,64,30|mnk:200,256,120")
     built = build(w, HOST, plan)
     check(w, built.lib)
-    [(block, depth, tensors)] = built.emitted.prefetches
-    assert tensors == ("A",)
+    [(block, depth, buffers)] = built.emitted.prefetches
+    assert buffers == ("A_global",)
     script = insert_prefetches(built.emitted.schedule.mod, built.emitted.prefetches).script()
     calls = [line for line in script.splitlines() if "llvm.prefetch" in line]
     assert len(calls) == math.ceil(4 * 30 * 4 / 64) and all("A_global[" in line for line in calls)
