@@ -30,7 +30,8 @@ def _seconds(value: float) -> str:
 
 
 def format_table(result: TuneResult) -> str:
-    """The human-readable report: per level the order, tiles, DV, MU against capacity and share of time."""
+    """The human-readable report: per level the order, tiles, DV, the traffic expected, MU against
+    capacity, and the link's time as a share of the predicted time."""
     w, hw, plan = result.workload, result.hardware, result.plan
     dims = " ".join(f"{x}={e}" for x, e in w.dims.items())
     peak = hw.target.peak_flops(w)
@@ -43,19 +44,21 @@ def format_table(result: TuneResult) -> str:
         f"(compute alone {_seconds(w.flops / peak)})",
         "",
     ]
-    rows = [("level", "order", "tile", "DV", "MU / capacity", "time share")]
-    for lp, lv in zip(plan.levels, hw.levels):
-        share = lp.dv_bytes / lv.bandwidth_bytes_per_s / plan.predicted_seconds
+    rows = [("level", "order", "tile", "DV", "expected", "MU / capacity", "time share")]
+    for lp in plan.levels:
+        share = lp.link_seconds / plan.predicted_seconds
         rows.append((
             lp.name,
             " ".join(lp.order),
             " ".join(f"{x}={t}" for x, t in lp.tile.items()),
             _bytes(lp.dv_bytes),
+            _bytes(lp.expected_bytes),
             f"{_bytes(lp.mu_bytes)} / {_bytes(lp.capacity_bytes)}",
             f"{100 * share:.1f}%",
         ))
     lines += _rows(rows)
-    lines.append("(levels innermost first; orders outermost loop first)")
+    lines.append("(levels innermost first; orders outermost loop first; expected: the traffic the kernel causes, "
+                 "copies included; time share: the link's time over the predicted time)")
     for i, alt in enumerate(result.alternatives, 1):
         delta = alt.predicted_seconds / plan.predicted_seconds - 1
         tiles = "; ".join(f"{lp.name} " + ",".join(str(t) for t in lp.tile.values()) for lp in alt.levels)

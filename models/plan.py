@@ -14,7 +14,8 @@ from .checked import check_hardware, check_plan, check_workload
 from .costmodel import Orders, Tiles, compute_seconds, data_volume, level_usage
 from .gpu import LaunchPlan
 from .hardware import Hardware
-from .objective import swept, time_objective, whole_problem
+from .objective import effective_dv, swept, time_objective, whole_problem
+from .traffic import with_kernel_traffic
 from .workload import Workload
 
 Status = Literal["optimal", "feasible", "timeout", "infeasible", "error"]
@@ -28,6 +29,12 @@ class LevelPlan(BaseModel):
     mu_bytes: float = Field(description="bytes this level holds")
     copy_bytes: float = Field(0.0, description="bytes the kernel's packing copies write into buffers filled at "
                                                "this level (beside dv_bytes, which keeps Accera's refill count)")
+    expected_bytes: float = Field(0.0, description="bytes the kernel is expected to move into this level, what a "
+                                                   "cache simulator counts as misses: the bytes its link is charged "
+                                                   "(dv_bytes, or less where a hardware cache keeps an outer tile) "
+                                                   "plus the packing copies, zeroing and write-back")
+    link_seconds: float = Field(0.0, description="the time predicted_seconds charges this level's link: its charged "
+                                                 "bytes at its bandwidth, before compute and the links overlap")
     capacity_bytes: int
 
 
@@ -72,8 +79,11 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     serial = costs.seconds if costs else 0.0
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
     whole = whole_problem(workload, hardware)
-    links = objective.links(dv, mu, whole, swept(workload, hardware, whole, orders, tiles))
+    charged = [float(d) for d in effective_dv(dv, mu, objective.caches, whole,
+                                              swept(workload, hardware, whole, orders, tiles))]
+    links = objective.links(charged)
     predicted, worst = objective.value(compute, links, serial)
+    expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, mu, costs)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
@@ -83,6 +93,8 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
             dv_bytes=dv[i],
             mu_bytes=mu[i],
             copy_bytes=costs.copy_bytes[i] if costs else 0.0,
+            expected_bytes=expected[i],
+            link_seconds=float(links[i]),
             capacity_bytes=lv.capacity_bytes,
         )
         for i, lv in enumerate(hardware.levels)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from .costmodel import data_volume, level_usage
 from .hardware import Hardware
-from .kernel_costs import kernel_costs
+from .kernel_costs import KernelCosts, kernel_costs
 from .objective import charged_dv
 from .workload import Workload
 
@@ -29,8 +29,19 @@ def expected_traffic(workload: Workload, hardware: Hardware, orders, tiles) -> l
     """Bytes moved into each level (innermost first) by one call of the kernel."""
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
-    dv = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
-    costs = kernel_costs(workload, hardware, orders, tiles)
+    charged = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
+    return with_kernel_traffic(workload, hardware, orders, tiles, charged, mu,
+                               kernel_costs(workload, hardware, orders, tiles))
+
+
+def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, charged, mu,
+                        costs: KernelCosts | None) -> list[float]:
+    """The bytes the time objective charges each level (`charged`: objective.charged_dv; the
+    levels' MU) plus what the kernel's copies, zeroing and write-back add (`costs`; None, a
+    target that models none: nothing added)."""
+    dv = list(charged)
+    if costs is None:
+        return dv
     target = hardware.target
     together = {}  # the buffers filled at one loop position, one after another
     for _, level, _, buffer, key in costs.copies:

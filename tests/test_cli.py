@@ -62,7 +62,8 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert all(lp["mu_bytes"] <= lp["capacity_bytes"] for lp in plan["levels"])
     assert set(plan) == {"levels", "predicted_seconds", "bottleneck", "serial_seconds", "caches", "launch"}
     assert plan["launch"] is None and plan["serial_seconds"] == 0.0  # scalar CPUs: the plain DV model
-    assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "copy_bytes", "capacity_bytes"}
+    assert set(plan["levels"][0]) == {"name", "order", "tile", "dv_bytes", "mu_bytes", "copy_bytes", "expected_bytes",
+                                      "link_seconds", "capacity_bytes"}
     assert doc["solver"]["status"] in ("optimal", "feasible") and doc["solver"]["name"] == "auto"
     assert len(doc["alternatives"]) <= 2
 
@@ -74,6 +75,9 @@ def test_custom_hardware_file_sets_levels_and_bottleneck(tmp_path):
     times = {lp["name"]: lp["dv_bytes"] / lv["bandwidth_bytes_per_s"] for lp, lv in zip(plan["levels"], CUSTOM["levels"])}
     assert plan["bottleneck"] == max(times, key=times.get)
     assert plan["predicted_seconds"] == pytest.approx(max(times.values()))
+    # No hardware cache, no kernel costs: the link is charged its DV, and that is the traffic expected.
+    assert [lp["link_seconds"] for lp in plan["levels"]] == pytest.approx(list(times.values()))
+    assert all(lp["expected_bytes"] == lp["dv_bytes"] for lp in plan["levels"])
 
 
 def test_workload_file_round_trips_the_plan_document(tmp_path):

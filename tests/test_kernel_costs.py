@@ -501,3 +501,44 @@ def test_private_caches_receive_every_input_the_parallel_loop_does_not_split_onc
     slow = hardware_from({**SIMD, "levels": [{**lv, "bandwidth_bytes_per_s": 3.7e10} if lv["name"] == "L2" else lv
                                              for lv in SIMD["levels"]]})
     assert make_plan(w, slow, rows, tiles).predicted_seconds > 1.1 * make_plan(w, slow, cols, tiles).predicted_seconds
+
+
+def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
+    """LevelPlan.expected_bytes is models/traffic.py's expected traffic, and link_seconds the
+    charged bytes (objective.charged_dv) at the level's bandwidth; with compute and the serial
+    costs, costmodel.predicted_seconds combines them into the plan's time. gpt-2's projection
+    1024x768x768 in 6x64 tiles walks the row strips inside each column panel: L2's refills are
+    424 MiB, more than the predicted time at its bandwidth, but L2 keeps B's 192 KiB panel
+    across the strips (its tile swept along k), so the report's time share stays at most 100%."""
+    from cachetile.api.report import format_table
+    from cachetile.models.costmodel import compute_seconds, level_usage, predicted_seconds
+    from cachetile.models.plan import SolverInfo, TuneResult
+    from cachetile.models.traffic import expected_traffic
+
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": 1e11}) if lv.name == "L2" else lv
+              for lv in AVX2_CACHES.levels]
+    hw = AVX2_CACHES.model_copy(update={"vector_bytes": 64, "levels": levels})
+    w = builtin("gemm", {"m": 1024, "n": 768, "k": 768})
+    orders = [["m", "n", "k"], ["m", "n", "k"], ["n", "m", "k"], ["m", "n", "k"]]
+    tiles = [{"m": 6, "n": 64, "k": 1}] * 3 + [dict(w.dims)]
+    plan = make_plan(w, hw, orders, tiles)
+    assert [lp.expected_bytes for lp in plan.levels] == expected_traffic(w, hw, orders, tiles)
+    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels],
+                         [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)], orders, tiles)
+    links = [float(c) / lv.bandwidth_bytes_per_s for c, lv in zip(charged, hw.levels)]
+    assert [lp.link_seconds for lp in plan.levels] == pytest.approx(links)
+    target = hw.target
+    time, _ = predicted_seconds(compute_seconds(w, hw, orders, tiles), links, target.registers_share_issue,
+                                target.overlap_norm)
+    assert float(time) + plan.serial_seconds == pytest.approx(plan.predicted_seconds)
+    l2 = plan.levels[2]
+    # per column panel: B's panel once per strip (171, the last of 4 rows), A and C's columns once
+    assert l2.dv_bytes == 12 * (171 * 768 * 64 + 1024 * 768 + 1024 * 64) * 4
+    assert l2.dv_bytes / hw.levels[2].bandwidth_bytes_per_s > 1.2 * plan.predicted_seconds
+    assert l2.expected_bytes < l2.dv_bytes / 5
+    report = format_table(TuneResult(workload=w, hardware=hw, plan=plan,
+                                     solver=SolverInfo(name="enumerate", status="optimal", seconds=0.0, evaluated=1)))
+    shares = [float(line.split()[-1].rstrip("%")) for line in report.splitlines()
+              if line.split() and line.split()[0] in {lv.name for lv in hw.levels}]
+    assert len(shares) == 4 and max(shares) <= 100.0
+    assert shares[2] == pytest.approx(100 * l2.link_seconds / plan.predicted_seconds, abs=0.05)
