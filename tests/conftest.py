@@ -1,5 +1,7 @@
+import atexit
 import os
 import random
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -10,6 +12,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # The `host` preset applies this machine's calibration profile when one exists; the tests must not
 # depend on whether the developer ran `tune hardware host --calibrate`, so they see an empty store.
 os.environ["CACHETILE_PROFILES"] = tempfile.mkdtemp(prefix="cachetile-test-profiles-")
+atexit.register(shutil.rmtree, os.environ["CACHETILE_PROFILES"], ignore_errors=True)
 
 from cachetile.models.hardware import Hardware  # noqa: E402
 from cachetile.models.workload import builtin  # noqa: E402
