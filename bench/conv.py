@@ -224,6 +224,10 @@ def metaschedule_rows(hw, layout, trials, time_limit, layer=2):
     from cachetile.backends.llvm_measure import time_kernel
     from cachetile.backends.tensorir import primfunc
 
+    try:
+        import xgboost  # noqa: F401  MetaSchedule's cost model, trained after the first batch of trials
+    except ImportError:
+        return "MetaSchedule skipped: its cost model needs xgboost (`pip install -e '.[bench]'`)"
     name, sizes, options = LAYERS[layer]
     w = workload(sizes, options, layout)
     target = tvm.target.Target(llvm_target(hw.cores))
