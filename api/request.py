@@ -5,8 +5,10 @@ document for the same request, and the service's cache key is defined here.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import (BaseModel, ConfigDict, Field, PlainValidator, TypeAdapter, ValidationError, create_model,
@@ -151,8 +153,10 @@ class PlanRequest(BaseModel):
         return self
 
     def cache_key(self) -> str:
-        """A hash of everything the answer depends on (the resolved workload and hardware, the solver options)."""
+        """A hash of everything the answer depends on: the model and optimizer that solve it
+        (model_version), the resolved workload and hardware, the solver options."""
         data = {
+            "model": model_version(),
             "workload": self.workload.model_dump(mode="json"),
             "hardware": self.hardware.model_dump(mode="json"),
             "solver": self.solver,
@@ -172,6 +176,25 @@ class PlanRequest(BaseModel):
 
             return autotune(self, progress, store)
         return tune(self.workload, self.hardware, self.solver, self.time_limit, self.top, self.stages)
+
+
+@functools.cache
+def model_version() -> str:
+    """A hash of the source that decides a plan (the models and optimizer packages). The plan
+    cache keys by it, so an upgrade that changes the model answers with the new model's plan
+    instead of serving the documents an older one cached, which never expire."""
+    from .. import models, optimizer
+
+    return source_hash([Path(package.__file__).parent for package in (models, optimizer)])
+
+
+def source_hash(roots: list[Path]) -> str:
+    """A hash of the Python files under `roots`: their paths relative to their root and their bytes."""
+    digest = hashlib.sha256()
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
 
 
 def check_measurable(workload: Workload) -> None:

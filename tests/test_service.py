@@ -78,6 +78,30 @@ def test_cache_survives_a_restart(tmp_path):
     assert again.content == first.content  # solver.seconds included: the stored answer, not a new solve
 
 
+def test_plans_an_older_model_cached_are_not_served(tmp_path, monkeypatch):
+    """The cache key holds a hash of the model's source (request.model_version): a document cached
+    before an upgrade that changed a model file is a miss, not the answer."""
+    from cachetile.api import request as req
+
+    model = tmp_path / "models"
+    (model / "targets").mkdir(parents=True)
+    (model / "costmodel.py").write_text("NORM = 4\n")
+    (model / "targets" / "simd.py").write_text("LANES = 16\n")
+    before = req.source_hash([model])
+    assert req.source_hash([model]) == before and len(before) == 16
+    (model / "targets" / "simd.py").write_text("LANES = 8\n")
+    assert req.source_hash([model]) != before
+    (model / "targets" / "simd.py").write_text("LANES = 16\n")
+    (model / "targets" / "simd.py").rename(model / "simd.py")  # same bytes, moved: another model
+    assert req.source_hash([model]) != before
+
+    request = req.PlanRequest.model_validate(GEMM)
+    key = request.cache_key()
+    assert request.cache_key() == key
+    monkeypatch.setattr(req, "model_version", lambda: before)
+    assert request.cache_key() != key
+
+
 @pytest.mark.parametrize("body,field", [
     ({**GEMM, "top": -1}, "body.top: Input should be greater than or equal to 0"),
     ({**GEMM, "solver": "magic"}, "body.solver: Input should be 'auto', 'enumerate', 'pyomo-ipopt' or 'pyomo-scip'"),
