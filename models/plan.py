@@ -14,7 +14,7 @@ from .checked import check_hardware, check_plan, check_workload
 from .costmodel import Orders, Tiles, compute_seconds, data_volume, level_usage
 from .gpu import LaunchPlan
 from .hardware import Hardware
-from .objective import effective_dv, swept, time_objective, whole_problem
+from .objective import charged_dv, time_objective
 from .traffic import with_kernel_traffic
 from .workload import Workload
 
@@ -78,9 +78,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
     serial = costs.seconds if costs else 0.0
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
-    whole = whole_problem(workload, hardware)
-    charged = [float(d) for d in effective_dv(dv, mu, objective.caches, whole,
-                                              swept(workload, hardware, whole, orders, tiles))]
+    charged = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
     links = objective.links(charged)
     predicted, worst = objective.value(compute, links, serial)
     expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, mu, costs)
