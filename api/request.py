@@ -164,7 +164,7 @@ class PlanRequest(BaseModel):
             "top": self.top,
             "stages": self.stages,
         }
-        if self.autotune:  # only then, so the keys of plain plans stay as they were
+        if self.autotune:  # only then: a plain plan depends on none of these
             data.update(autotune=self.autotune, rpc=self.rpc, target_host=self.target_host)
         return hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
