@@ -27,7 +27,8 @@ from tvm import s_tir, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.sym import Analyzer
 
-LINE_BYTES = 64
+from ..models.caches import LINE_BYTES
+
 DENSE = 2  # a block may span at most this many times its elements
 MAX_LINES = 64  # a block larger than 4 KiB is left to the hardware prefetcher
 
