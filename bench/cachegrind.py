@@ -89,7 +89,6 @@ def simulate(harness, kernel: Path, shapes, d1: str, ll: str, sweep_bytes: int) 
 def rows_for(name, kind, dims, plans: int, work: Path, d1: str, ll: str, harness):
     from cachetile import builtin, tune
     from cachetile.backends.base import get_backend
-    from cachetile.models.traffic import expected_traffic
 
     hw = avx2_host()
     w = builtin(kind, dims)
@@ -102,12 +101,12 @@ def rows_for(name, kind, dims, plans: int, work: Path, d1: str, ll: str, harness
         get_backend("llvm").export(one, folder)
         sweep = 4 * hw.levels[2].capacity_bytes if len(hw.levels) > 2 else 2**24
         sim = simulate(harness, folder / "kernel.so", [w.shape(n) for n in w.signature], d1, ll, sweep)
-        expected = expected_traffic(w, hw, [lp.order for lp in plan.levels], [lp.tile for lp in plan.levels])
         d1_bytes = (sim["D1mr"] + sim["D1mw"]) * line
         ll_bytes = (sim["DLmr"] + sim["DLmw"]) * line
-        rows.append({"kernel": f"{name} #{i}", "L1 dv": plan.levels[1].dv_bytes, "L1 expected": expected[1],
-                     "L1 sim": d1_bytes, "L2 dv": plan.levels[2].dv_bytes, "L2 expected": expected[2],
-                     "L2 sim": ll_bytes, "L1 fill": plan.levels[1].mu_bytes / plan.levels[1].capacity_bytes})
+        l1, l2 = plan.levels[1], plan.levels[2]
+        rows.append({"kernel": f"{name} #{i}", "L1 dv": l1.dv_bytes, "L1 expected": l1.expected_bytes, "L1 sim": d1_bytes,
+                     "L2 dv": l2.dv_bytes, "L2 expected": l2.expected_bytes, "L2 sim": ll_bytes,
+                     "L1 fill": l1.mu_bytes / l1.capacity_bytes})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
 
