@@ -511,7 +511,7 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     424 MiB, more than the predicted time at its bandwidth, but L2 keeps B's 192 KiB panel
     across the strips (its tile swept along k), so the report's time share stays at most 100%."""
     from cachetile.api.report import format_table
-    from cachetile.models.costmodel import compute_seconds, level_usage, predicted_seconds
+    from cachetile.models.costmodel import compute_seconds, predicted_seconds
     from cachetile.models.plan import SolverInfo, TuneResult
     from cachetile.models.traffic import expected_traffic
 
@@ -523,8 +523,8 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     tiles = [{"m": 6, "n": 64, "k": 1}] * 3 + [dict(w.dims)]
     plan = make_plan(w, hw, orders, tiles)
     assert [lp.expected_bytes for lp in plan.levels] == expected_traffic(w, hw, orders, tiles)
-    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels],
-                         [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)], orders, tiles)
+    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels], [lp.mu_bytes for lp in plan.levels],
+                         orders, tiles)
     links = [float(c) / lv.bandwidth_bytes_per_s for c, lv in zip(charged, hw.levels)]
     assert [lp.link_seconds for lp in plan.levels] == pytest.approx(links)
     target = hw.target
