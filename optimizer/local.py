@@ -120,8 +120,8 @@ def _level_grid(space: Space, orders, tiles, level: int, options, serial: bool =
     return grid, (pred, mmax, msum), np.flatnonzero(np.broadcast_to(ok, np.shape(pred)))
 
 
-def _key(space: Space, orders, tiles) -> tuple[tuple, bool]:
-    pred, mmax, msum, ok = score(space, orders, tiles)
+def _key(space: Space, orders, tiles, bound: float = np.inf) -> tuple[tuple, bool]:
+    pred, mmax, msum, ok = score(space, orders, tiles, bound=bound)
     return (float(pred), float(mmax), float(msum)), bool(ok)
 
 
@@ -133,7 +133,10 @@ def _fill(space: Space, tiles) -> np.ndarray:
     )
 
 
-def _compare(a: tuple, b: tuple, rel: float = 1e-9) -> int:
+TIE = 1e-9  # relative difference of ranking keys that _compare treats as rounding noise
+
+
+def _compare(a: tuple, b: tuple, rel: float = TIE) -> int:
     """Lexicographic comparison of ranking keys that treats rounding noise as a tie."""
     for x, y in zip(a, b):
         if x > y * (1 + rel) + 1e-300:
@@ -271,13 +274,16 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
             moves = _tile_moves(space, tiles)
             if not grow:
                 moves = sorted(set(moves) | set(_level_moves(space, best.orders, tiles, deadline)))
-            options = _scored(space, best.orders, moves, deadline)
+            # Every pick must rank at least level with the incumbent: plans over that bound
+            # before their serial costs are not costed further (the same picks, in less time).
+            bound = best.key[0] * (1 + TIE) + 1e-300
+            options = _scored(space, best.orders, moves, deadline, bound)
             if not grow:
                 for j in range(n):
                     for order in space.orders:
                         if order != best.orders[j]:
                             orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
-                            key, ok = _key(space, orders, tiles)
+                            key, ok = _key(space, orders, tiles, bound)
                             deadline.spend(space.work(levels=space.n_levels))
                             if ok:
                                 options.append((key, best_fill, orders, best.tiles))
@@ -292,7 +298,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     # charged, it cut the grow phase short (gpt-2's 1024x768x768 kept 8-deep L1
                     # tiles that ran 5% slower than the 32-deep ones it grows to otherwise).
                     tried, clock = True, Deadline(deadline.left())
-                    unpacked = _scored(space, best.orders, _unpack_moves(space, best.orders, tiles, clock), clock)
+                    unpacked = _scored(space, best.orders, _unpack_moves(space, best.orders, tiles, clock), clock, bound)
                     pick = min([o for o in unpacked if _compare(o[0], best.key) < 0], default=pick)
             if pick is None:
                 break
@@ -300,13 +306,14 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     return best
 
 
-def _scored(space: Space, orders, moves, deadline: Deadline) -> list:
-    """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles)."""
+def _scored(space: Space, orders, moves, deadline: Deadline, bound: float = np.inf) -> list:
+    """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles); moves over
+    `bound` (registry.score) get an infinite key."""
     if not moves:
         return []
     loops = space.loops
     arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(space.n_levels)]
-    pred, mmax, msum, ok = score(space, orders, arrays)
+    pred, mmax, msum, ok = score(space, orders, arrays, bound=bound)
     deadline.spend(space.work(len(moves), space.n_levels))
     fill = _fill(space, arrays)
     return [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), orders, moves[m]) for m in np.flatnonzero(ok)]

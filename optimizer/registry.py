@@ -15,7 +15,7 @@ from typing import Callable
 
 import numpy as np
 
-from ..models.costmodel import compute_seconds, data_volume
+from ..models.costmodel import compute_seconds
 from ..models.errors import CachetileError
 from ..models.objective import swept
 from .space import Space
@@ -100,11 +100,14 @@ class TopK:
         return self.items[-1].key[0] if len(self.items) >= self.k else np.inf
 
 
-def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def score(space: Space, orders, tiles, serial: bool = True,
+          bound: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays);
-    serial=False leaves out the kernel's serial costs, which are costed one plan at a time."""
+    serial=False leaves out the kernel's serial costs, which are costed one plan at a time.
+    The serial costs only add, so a plan already over `bound` without them is not costed
+    further: its predicted time is inf (a search that only wants plans under `bound`)."""
     hw = space.hardware
-    dv = data_volume(space.workload, orders, tiles, hardware=hw)
+    dv = space.data_volume(orders, tiles)
     secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole,
                                  swept(space.workload, hw, space.whole, orders, tiles))
     memmax = np.maximum.reduce([np.asarray(s, dtype=float) for s in secs])
@@ -116,8 +119,9 @@ def score(space: Space, orders, tiles, serial: bool = True) -> tuple[np.ndarray,
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.admits(tiles, orders)
-    serial = space.serial_seconds(orders, tiles) if serial else 0.0
-    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs, serial)
+    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
+    if serial:
+        predicted = predicted + space.serial_seconds(orders, tiles, within=predicted <= bound)
     return predicted, memmax, memsum, feasible
 
 

@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..models.caches import tiles_nest
-from ..models.costmodel import check_order, compute_seconds, level_usage, memory_usage, single_level_bound
+from ..models.costmodel import (check_order, compute_seconds, data_volume, level_usage, loop_classes, memory_usage,
+                                single_level_bound)
 from ..models.hardware import Hardware
 from ..models.objective import Objective, WholeProblem, memory_extra, time_objective, whole_problem
 from ..models.targets import Target
@@ -171,6 +172,7 @@ class Space:
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
     _serial: dict = field(init=False, repr=False, default_factory=dict)  # (orders, tiles) -> serial seconds
+    _levels: dict = field(init=False, repr=False, default_factory=dict)  # (level, its orders and tiles out) -> DV
     # level -> enumerate's floor table over this space's candidate grid, which every search
     # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
     floor_tables: dict = field(init=False, repr=False, default_factory=dict)
@@ -256,15 +258,34 @@ class Space:
             orders.append(tuple(sorted(order, key=place)))
         return dataclasses.replace(cand, orders=tuple(orders))
 
-    def serial_seconds(self, orders, tiles) -> np.ndarray | float:
+    def data_volume(self, orders, tiles) -> list:
+        """costmodel.data_volume of every level on this space's hardware. A single plan's levels are
+        remembered: level l depends only on the orders and tiles from l out, and a polish costs
+        each loop order of each level of its incumbent, so most levels were costed already."""
+        if any(np.ndim(t[x]) for t in tiles for x in self.loops):
+            return data_volume(self.workload, orders, tiles, hardware=self.hardware)
+        plan = tuple(tuple(int(t[x]) for x in self.loops) for t in tiles)
+        orders = tuple(map(tuple, orders))
+        classes = None
+        for level in range(self.n_levels):
+            key = (level, orders[level:], plan[level:])
+            if key not in self._levels:
+                # Each level's block classes depend only on the tiles from there out (loop_blocks).
+                classes = classes or loop_classes(self.workload, tiles, 0)
+                self._levels[key] = data_volume(self.workload, orders, tiles, levels=[level], hardware=self.hardware,
+                                                blocks=classes)[0]
+        return [self._levels[(level, orders[level:], plan[level:])] for level in range(self.n_levels)]
+
+    def serial_seconds(self, orders, tiles, within=True) -> np.ndarray | float:
         """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
-        tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest."""
+        tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest.
+        `within`: a mask (broadcast like the tiles) of the plans to cost; the others get inf."""
         if not self.objective.counts_serial:
             return 0.0
-        shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in self.loops])
+        shape = np.broadcast_shapes(np.shape(within), *[np.shape(t[x]) for t in tiles for x in self.loops])
         flat = [{x: np.broadcast_to(t[x], shape).ravel() for x in self.loops} for t in tiles]
-        out = np.empty(int(np.prod(shape)))
-        for i in range(out.size):
+        out = np.full(int(np.prod(shape)), np.inf)
+        for i in np.flatnonzero(np.broadcast_to(within, shape)):
             row = tuple(tuple(int(t[x][i]) for x in self.loops) for t in flat)
             key = (tuple(map(tuple, orders)), row)
             if key not in self._serial:
