@@ -228,3 +228,32 @@ def test_enumerate_ranks_its_leaves_as_score_does_with_the_private_floor(kind, d
         unfloored = effective_dv(dv, mu, caches, space.whole, top._replace(private=0.0))
         raised += any(floored[j] > unfloored[j] for j in range(1, space.n_levels - 1))
     assert raised
+
+
+def test_score_skips_the_serial_costs_of_plans_over_its_bound_and_single_plans_reuse_levels():
+    """registry.score(bound=b): a plan whose time before its serial costs already exceeds b gets
+    inf; every other plan gets exactly its unbounded key. Space.data_volume remembers each level
+    of a single plan (level l depends only on the orders and tiles from l out), and what it
+    returns equals costmodel.data_volume for orders it met before and for new ones."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer.registry import score
+
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    space = Space(w, hardware_from(SIMD))
+    orders = [("m", "n", "k")] * space.n_levels
+    l1 = {"m": np.array([4, 8, 8, 16, 32]), "n": np.array([32, 32, 64, 64, 128]), "k": np.array([1, 8, 64, 64, 509])}
+    plain = [{"m": 4, "n": 32, "k": 1}, None, {"m": 32, "n": 128, "k": 509}, {"m": 127, "n": 251, "k": 509}]
+    tiles = [l1 if t is None else {x: np.full(5, v) for x, v in t.items()} for t in plain]
+    full, *_ = score(space, orders, tiles)
+    bare, *_ = score(space, orders, tiles, serial=False)
+    assert np.all(full > bare)  # every plan here has serial costs, so the bound below is a real test
+    cut = float(np.median(bare))
+    bounded, *_ = score(space, orders, tiles, bound=cut)
+    assert np.array_equal(bounded, np.where(bare <= cut, full, np.inf))
+    assert np.isinf(bounded).any() and np.isfinite(bounded).any()
+
+    one = [{x: int(np.broadcast_to(v, (5,))[2]) for x, v in t.items()} for t in tiles]
+    for level_orders in [orders, [("n", "m", "k"), *orders[1:]], [*orders[:3], ("k", "n", "m")], orders]:
+        expected = data_volume(w, level_orders, one, hardware=space.hardware)
+        assert space.data_volume(level_orders, one) == [float(d) for d in expected]
