@@ -34,8 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..models.caches import tiles_nest
-from ..models.costmodel import (check_order, compute_seconds, data_volume, level_usage, loop_classes, memory_usage,
-                                single_level_bound)
+from ..models.costmodel import check_order, compute_seconds, data_volume, memory_usage, single_level_bound
 from ..models.hardware import Hardware
 from ..models.objective import Objective, WholeProblem, memory_extra, time_objective, whole_problem
 from ..models.targets import Target
@@ -266,15 +265,12 @@ class Space:
             return data_volume(self.workload, orders, tiles, hardware=self.hardware)
         plan = tuple(tuple(int(t[x]) for x in self.loops) for t in tiles)
         orders = tuple(map(tuple, orders))
-        classes = None
-        for level in range(self.n_levels):
-            key = (level, orders[level:], plan[level:])
-            if key not in self._levels:
-                # Each level's block classes depend only on the tiles from there out (loop_blocks).
-                classes = classes or loop_classes(self.workload, tiles, 0)
-                self._levels[key] = data_volume(self.workload, orders, tiles, levels=[level], hardware=self.hardware,
-                                                blocks=classes)[0]
-        return [self._levels[(level, orders[level:], plan[level:])] for level in range(self.n_levels)]
+        keys = [(level, orders[level:], plan[level:]) for level in range(self.n_levels)]
+        missing = [level for level, key in enumerate(keys) if key not in self._levels]
+        if missing:
+            dv = data_volume(self.workload, orders, tiles, levels=missing, hardware=self.hardware)
+            self._levels.update({keys[level]: d for level, d in zip(missing, dv)})
+        return [self._levels[key] for key in keys]
 
     def serial_seconds(self, orders, tiles, within=True) -> np.ndarray | float:
         """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
