@@ -13,7 +13,9 @@ Tensor T's block at level l changes at its *key-slice*: the innermost loop of
 levels >= l that indexes T and runs more than once. A cache of T at level l
 is filled there ("root" when no such loop exists). Inputs are cached at every
 level >= 1 in one packed layout (`packed_layout`): tiles of each level inside
-the tiles of the level above, and inside a level-1 tile the array's own order
+the tiles of the level above, in the order the loops walk them (unless the
+array's own order lets the thrifty rule skip a copy), and inside a level-1 tile
+the array's own order
 with the vectorised dim moved last (the micro-kernel loads it as vectors);
 along the array's last dim, tiles shorter than a cache line are widened.
 Accera's thrifty rule skips a cache whose block is already contiguous, in the
@@ -129,6 +131,9 @@ class Layout:
     dims: list[str]
     bounds: list[list[int]]  # per dim: padded extent, then the tiles of levels top-1 .. 1
     inner_order: list[int]  # dim positions inside a level-1 tile, outermost first
+    # per level of tiles (tiles of bounds[k + 1] inside bounds[k]), the dim positions in the
+    # order their digits are stored, most significant first
+    level_orders: list[list[int]]
 
     def digits(self, idx, block=None) -> list[tuple[object, int, int]]:
         """(index, size, dim) digits, most significant first, for per-dim indices `idx`;
@@ -136,7 +141,7 @@ class Layout:
         block = block or [b[0] for b in self.bounds]
         out = []
         for k in range(len(self.bounds[0]) - 1):
-            for i in range(len(self.dims)):
+            for i in self.level_orders[k]:
                 hi, lo = min(self.bounds[i][k], block[i]), self.bounds[i][k + 1]
                 out.append(((idx[i] % self.bounds[i][k]) // lo, max(hi // lo, 1), i))
         out += [(idx[i] % self.bounds[i][-1], min(self.bounds[i][-1], block[i]), i) for i in self.inner_order]
@@ -157,7 +162,8 @@ class Layout:
         return runs
 
     def name(self) -> str:
-        levels = " / ".join(",".join(f"{x}{b[k]}" for x, b in zip(self.dims, self.bounds)) for k in range(1, len(self.bounds[0])))
+        levels = " / ".join(",".join(f"{self.dims[i]}{self.bounds[i][k]}" for i in self.level_orders[k - 1])
+                            for k in range(1, len(self.bounds[0])))
         inner = ",".join(self.dims[i] for i in self.inner_order)
         return f"tiles {levels or 'whole'}; [{inner}] inside each"
 
@@ -200,9 +206,19 @@ def copied_out(workload: Workload, op: Op, padded) -> bool:
     return crops(workload, op, padded) or (out.role == "output" and rows_alias(workload, op.output, padded))
 
 
-def packed_layout(workload: Workload, tdims, tiles, padded, micro) -> Layout:
-    """The input's packed layout: tiles of each level inside those of the level above, the
-    array's order inside the level-1 tile with the vectorised dim moved last.
+def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders=None) -> Layout:
+    """The input's packed layout: tiles of each level inside those of the level above, stored in
+    the order `orders` walks them (None: the array's order), and the array's order inside the
+    level-1 tile with the vectorised dim moved last.
+
+    In the walk's order, the tiles the micro-kernel visits one after the other lie one after the
+    other: a 32-wide panel of B that an 8x32x1 L1 tile walks down k is one contiguous run,
+    where in B's own order its rows lie a whole L2 tile's width apart. gemm 127x251x509's plan
+    (L1 tile 8x32x1 under a 16x251x509 L2 tile, B's rows 1 KiB apart) ran in 0.144 ms instead
+    of 0.169, and the seven other benchmark plans whose layouts changed 0.95-1.00x as long
+    (BENCHMARKS.md, Layout-walk session). The copy still reads its source in the array's order
+    (backends/llvm_emit._copy_loops): walked in the pack's order instead it read B's rows in
+    128-byte pieces, and ViT's projections ran 1-4% slower.
 
     Along the array's contiguous (last) dim, a tile shorter than a cache line is widened to the
     largest divisor of the tile above that is a multiple of it and spans at most a line, unless
@@ -223,7 +239,12 @@ def packed_layout(workload: Workload, tdims, tiles, padded, micro) -> Layout:
             own, parent = last[k], last[k - 1]
             if own < min(line, parent):
                 last[k] = max(d for d in range(own, min(line, parent) + 1, own) if parent % d == 0)
-    return Layout(dims=list(tdims), bounds=bounds, inner_order=inner_order)
+    if orders is None:
+        level_orders = [list(range(len(tdims)))] * (n - 1)
+    else:  # bounds index k holds the tiles of level n-1-k, which orders[n-1-k] walks
+        level_orders = [sorted(range(len(tdims)), key=lambda i: list(orders[n - 1 - k]).index(tdims[i]))
+                        for k in range(n - 1)]
+    return Layout(dims=list(tdims), bounds=bounds, inner_order=inner_order, level_orders=level_orders)
 
 
 def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> bool:
@@ -272,22 +293,33 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
                                            False, None))
                 continue
             tdims = tensor.dims
-            layout = packed_layout(workload, tdims, tiles, padded, micro)
             padded_input = any(padded[x] != workload.dims[x] for x in tdims)
             once = not padded_input and read_once(workload, op, name, tiles, padded)
-            copied = False
-            last_key: object = "none"
-            for level in range(n - 1, 0, -1):
-                key = key_slice(positions, tdims, tiles, padded, level)
-                block = [tiles[level][x] for x in tdims]
-                if copied:
-                    skip = True  # a block of the packed layout is one contiguous run of its parent
-                else:
-                    skip = not padded_input and row_major_thrifty(layout, block, [padded[x] for x in tdims])
-                skip = skip or key == last_key or once
-                sites.append(CacheSite(op.name, name, level, key, skip, layout))
-                if not skip:
-                    copied, last_key = True, key
+            walked, own = (_tensor_sites(op, name, packed_layout(workload, tdims, tiles, padded, micro, by),
+                                         positions, tiles, padded, padded_input, once) for by in (orders, None))
+            # The walk's layout where it copies no more than the array's order would; where
+            # nothing is copied the kernel reads the array, in its own order.
+            made = [sum(not site.skipped for site in found) for found in (walked, own)]
+            sites += walked if made[0] < made[1] or made[0] == made[1] > 0 else own
+    return sites
+
+
+def _tensor_sites(op: Op, name: str, layout: Layout, positions, tiles, padded, padded_input, once) -> list[CacheSite]:
+    """One input's caches, outermost level first, in `layout`: only the outermost block that
+    is not already laid out in its source is copied."""
+    tdims, sites = layout.dims, []
+    copied, last_key = False, "none"
+    for level in range(len(tiles) - 1, 0, -1):
+        key = key_slice(positions, tdims, tiles, padded, level)
+        block = [tiles[level][x] for x in tdims]
+        if copied:
+            skip = True  # a block of the packed layout is one contiguous run of its parent
+        else:
+            skip = not padded_input and row_major_thrifty(layout, block, [padded[x] for x in tdims])
+        skip = skip or key == last_key or once
+        sites.append(CacheSite(op.name, name, level, key, skip, layout))
+        if not skip:
+            copied, last_key = True, key
     return sites
 
 

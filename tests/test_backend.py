@@ -154,7 +154,7 @@ def test_packed_rows_stay_a_cache_line_long():
     tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 32, "k": 1}, {"m": 64, "n": 32, "k": 96}]
     plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
     copied = [c for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty]
-    assert [c.layout for c in copied] == ["tiles m64,k96 / m8,k16; [m,k] inside each"]
+    assert [c.layout for c in copied] == ["tiles m64,k96 / k16,m8; [m,k] inside each"]
     built = build(w, hw, plan)
     sch = built.emitted.schedule
     innermost = sch.get(sch.get_loops(sch.get_sblock("A_global"))[-1])
@@ -164,7 +164,7 @@ def test_packed_rows_stay_a_cache_line_long():
     w = builtin("gemm", {"m": 64, "n": 32, "k": 36})
     tiles[0]["k"], tiles[1]["k"], tiles[2]["k"] = 3, 3, 36
     plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
-    assert [c.layout for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty] == ["tiles m64,k36 / m8,k12; [m,k] inside each"]
+    assert [c.layout for c in plan.caches if c.tensor == "A" and not c.skipped_thrifty] == ["tiles m64,k36 / k12,m8; [m,k] inside each"]
     check(w, build(w, hw, plan).lib)
 
 
@@ -176,8 +176,47 @@ def test_a_transposing_pack_keeps_its_tiles():
     tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 32, "k": 2}, {"m": 64, "n": 32, "k": 96}]
     plan = make_plan(w, hw, [["m", "n", "k"], ["k", "m", "n"], ["m", "n", "k"]], tiles)
     layouts = {c.tensor: c.layout for c in plan.caches if not c.skipped_thrifty and c.level != "registers"}
-    assert layouts == {"A": "tiles m64,k96 / m8,k16; [m,k] inside each", "B": "tiles n32,k96 / n32,k2; [k,n] inside each"}
+    assert layouts == {"A": "tiles m64,k96 / k16,m8; [m,k] inside each", "B": "tiles n32,k96 / k2,n32; [k,n] inside each"}
     check(w, build(w, hw, plan).lib)
+
+
+def _buffer_shape(built, name: str) -> tuple[int, ...]:
+    sch = built.emitted.schedule
+    return tuple(int(x) for x in sch.get(sch.get_sblock(name)).writes[0].source.shape)
+
+
+def test_packed_tiles_lie_in_the_order_the_loops_walk_them():
+    # 8x32x1 L1 tiles walked m, n, k inside a 16x60x40 L2 tile: the micro-kernel reads B's
+    # 32-wide panel down all 40 rows of k before the next panel. B is copied anyway (padded to
+    # 64 columns). In B's own order each row of the panel would lie 64 floats from the last
+    # (gemm 127x251x509 ran 15% slower so); in the walk's order the panel is contiguous.
+    hw = _three_levels()
+    w = builtin("gemm", {"m": 16, "n": 60, "k": 40})
+    tiles = [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 1}, {"m": 16, "n": 60, "k": 40}]
+    plan = make_plan(w, hw, [["m", "n", "k"]] * 3, tiles)
+    layouts = {c.tensor: c.layout for c in plan.caches if not c.skipped_thrifty and c.level != "registers"}
+    assert layouts["B"] == "tiles n64,k40 / n32,k1; [k,n] inside each"
+    built = build(w, hw, plan)
+    assert _buffer_shape(built, "B_pad_global") == (2, 40, 32)  # panel, row, column
+    check(w, built.lib)
+    # Walked k, then n, the same tiles lie row by row, as in B itself.
+    plan = make_plan(w, hw, [["m", "n", "k"], ["m", "k", "n"], ["m", "n", "k"]], tiles)
+    built = build(w, hw, plan)
+    assert _buffer_shape(built, "B_pad_global") == (40, 2, 32)
+    check(w, built.lib)
+
+
+def test_the_array_order_is_kept_where_it_spares_a_copy():
+    # B (16x128) is one L2 block and already row-major. Its 1x64 L1 tiles walked n, then k
+    # would want a packed copy; the array's order needs none, so B is read in place.
+    hw = _three_levels()
+    w = builtin("gemm", {"m": 8, "n": 128, "k": 16})
+    tiles = [{"m": 4, "n": 64, "k": 1}, {"m": 4, "n": 64, "k": 1}, {"m": 8, "n": 128, "k": 16}]
+    plan = make_plan(w, hw, [["m", "n", "k"], ["n", "m", "k"], ["m", "n", "k"]], tiles)
+    assert all(c.skipped_thrifty for c in plan.caches if c.tensor == "B")
+    built = build(w, hw, plan)
+    assert not {n for n in block_runs(built.emitted.schedule.mod["main"].body) if n.startswith("B_")}
+    check(w, built.lib)
 
 
 def test_plan_caches_name_the_key_slice():
