@@ -28,7 +28,7 @@ accumulate in the register tile, filled at their level-0 key-slice.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from typing import Literal
 
@@ -206,9 +206,9 @@ def copied_out(workload: Workload, op: Op, padded) -> bool:
     return crops(workload, op, padded) or (out.role == "output" and rows_alias(workload, op.output, padded))
 
 
-def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders=None) -> Layout:
+def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders) -> Layout:
     """The input's packed layout: tiles of each level inside those of the level above, stored in
-    the order `orders` walks them (None: the array's order), and the array's order inside the
+    the order `orders` walks them, and the array's order inside the
     level-1 tile with the vectorised dim moved last.
 
     In the walk's order, the tiles the micro-kernel visits one after the other lie one after the
@@ -239,19 +239,20 @@ def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders=None) 
             own, parent = last[k], last[k - 1]
             if own < min(line, parent):
                 last[k] = max(d for d in range(own, min(line, parent) + 1, own) if parent % d == 0)
-    if orders is None:
-        level_orders = [list(range(len(tdims)))] * (n - 1)
-    else:  # bounds index k holds the tiles of level n-1-k, which orders[n-1-k] walks
-        level_orders = [sorted(range(len(tdims)), key=lambda i: list(orders[n - 1 - k]).index(tdims[i]))
-                        for k in range(n - 1)]
+    # bounds index k holds the tiles of level n-1-k, which orders[n-1-k] walks
+    level_orders = [[i for x in orders[n - 1 - k] for i, d in enumerate(tdims) if d == x] for k in range(n - 1)]
     return Layout(dims=list(tdims), bounds=bounds, inner_order=inner_order, level_orders=level_orders)
+
+
+def contiguous(block: list[int], shape: list[int]) -> bool:
+    """True when the array stores the block as one contiguous run."""
+    first = next((i for i, b in enumerate(block) if b > 1), len(block))
+    return all(block[i] == shape[i] for i in range(first + 1, len(block)))
 
 
 def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> bool:
     """True when the array already stores the block contiguously and in the layout's order."""
-    first = next((i for i, b in enumerate(block) if b > 1), len(block))
-    contiguous = all(block[i] == shape[i] for i in range(first + 1, len(block)))
-    return contiguous and layout.run_order(block) == [(i, b) for i, b in enumerate(block) if b > 1]
+    return contiguous(block, shape) and layout.run_order(block) == [(i, b) for i, b in enumerate(block) if b > 1]
 
 
 def read_once(workload: Workload, op: Op, name: str, tiles, padded) -> bool:
@@ -295,32 +296,40 @@ def input_caches(workload: Workload, orders, tiles, padded) -> list[CacheSite]:
             tdims = tensor.dims
             padded_input = any(padded[x] != workload.dims[x] for x in tdims)
             once = not padded_input and read_once(workload, op, name, tiles, padded)
-            walked, own = (_tensor_sites(op, name, packed_layout(workload, tdims, tiles, padded, micro, by),
-                                         positions, tiles, padded, padded_input, once) for by in (orders, None))
-            # The walk's layout where it copies no more than the array's order would; where
-            # nothing is copied the kernel reads the array, in its own order.
-            made = [sum(not site.skipped for site in found) for found in (walked, own)]
-            sites += walked if made[0] < made[1] or made[0] == made[1] > 0 else own
+            layout = packed_layout(workload, tdims, tiles, padded, micro, orders)
+            levels = range(n - 1, 0, -1)
+            keys = [key_slice(positions, tdims, tiles, padded, level) for level in levels]
+            blocks = [[tiles[level][x] for x in tdims] for level in levels]
+            shape = [padded[x] for x in tdims]
+            skips = _skips(layout, keys, blocks, shape, padded_input, once)
+            own_order = list(range(len(tdims)))
+            if any(order != own_order for order in layout.level_orders):
+                own = replace(layout, level_orders=[own_order] * len(layout.level_orders))
+                if all(skips):  # the kernel reads the array, in its own order
+                    layout = own
+                elif not padded_input and any(contiguous(b, shape) for b in blocks):
+                    # the walk's order, unless the array's spares a copy (only a contiguous block can)
+                    kept = _skips(own, keys, blocks, shape, padded_input, once)
+                    if kept.count(False) < skips.count(False):
+                        layout, skips = own, kept
+            sites += [CacheSite(op.name, name, level, key, skip, layout) for level, key, skip in zip(levels, keys, skips)]
     return sites
 
 
-def _tensor_sites(op: Op, name: str, layout: Layout, positions, tiles, padded, padded_input, once) -> list[CacheSite]:
-    """One input's caches, outermost level first, in `layout`: only the outermost block that
-    is not already laid out in its source is copied."""
-    tdims, sites = layout.dims, []
-    copied, last_key = False, "none"
-    for level in range(len(tiles) - 1, 0, -1):
-        key = key_slice(positions, tdims, tiles, padded, level)
-        block = [tiles[level][x] for x in tdims]
+def _skips(layout: Layout, keys, blocks, shape, padded_input: bool, once: bool) -> list[bool]:
+    """Per level of one input, outermost first (its key-slices and blocks), whether its cache is
+    skipped in `layout`: only the outermost block not already laid out in its source is copied."""
+    skips, copied, last_key = [], False, "none"
+    for key, block in zip(keys, blocks):
         if copied:
             skip = True  # a block of the packed layout is one contiguous run of its parent
         else:
-            skip = not padded_input and row_major_thrifty(layout, block, [padded[x] for x in tdims])
+            skip = not padded_input and row_major_thrifty(layout, block, shape)
         skip = skip or key == last_key or once
-        sites.append(CacheSite(op.name, name, level, key, skip, layout))
+        skips.append(skip)
         if not skip:
             copied, last_key = True, key
-    return sites
+    return skips
 
 
 def attach_name(key: Position | None, names: list[str]) -> str:
