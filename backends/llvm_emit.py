@@ -224,9 +224,9 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
 def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int) -> None:
     """Walk the copy's tiles level by level in the array's order, so it reads the source in
     runs as long as the tiles' rows (the pack may store them in the walk's order: each tile
-    written is still contiguous), and each level-1 tile in the pack's inner order; vectorise
-    where reads are too, and share a copy made outside every parallel loop among `parallel` cores (its outer
-    loops fused until they have a trip per core)."""
+    written is still contiguous), and each level-1 tile in the pack's inner order. Vectorise
+    where reads are too, and share a copy made outside every parallel loop among `parallel`
+    cores (its outer loops fused until they have a trip per core)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []

@@ -14,9 +14,9 @@ levels >= l that indexes T and runs more than once. A cache of T at level l
 is filled there ("root" when no such loop exists). Inputs are cached at every
 level >= 1 in one packed layout (`packed_layout`): tiles of each level inside
 the tiles of the level above, in the order the loops walk them (unless the
-array's own order lets the thrifty rule skip a copy), and inside a level-1 tile
-the array's own order
-with the vectorised dim moved last (the micro-kernel loads it as vectors);
+array's own order lets the thrifty rule skip a copy), and inside a level-1
+tile the array's own order with the vectorised dim moved last (the
+micro-kernel loads it as vectors);
 along the array's last dim, tiles shorter than a cache line are widened.
 Accera's thrifty rule skips a cache whose block is already contiguous, in the
 same order, in the buffer it would copy from. The packed layout already holds
@@ -208,8 +208,8 @@ def copied_out(workload: Workload, op: Op, padded) -> bool:
 
 def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders) -> Layout:
     """The input's packed layout: tiles of each level inside those of the level above, stored in
-    the order `orders` walks them, and the array's order inside the
-    level-1 tile with the vectorised dim moved last.
+    the order `orders` walks them, and the array's order inside the level-1 tile with the
+    vectorised dim moved last.
 
     In the walk's order, the tiles the micro-kernel visits one after the other lie one after the
     other: a 32-wide panel of B that an 8x32x1 L1 tile walks down k is one contiguous run,
