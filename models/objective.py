@@ -24,6 +24,7 @@ their L2 DV alone predicts 26 ms.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Mapping, NamedTuple, Sequence
 
@@ -131,6 +132,7 @@ class Outermost(NamedTuple):
     sweeps: list
     inner: Mapping[int, list] = {}
     private: np.ndarray | float = 0.0  # bytes each core's private caches receive at least (private_floor)
+    turns: tuple = (0.0, 0.0, 0.0)  # a chain's outermost tile: its MU, all its blocks' bytes, its trips (turns)
 
 
 def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping) -> Outermost:
@@ -165,7 +167,7 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.)"""
     top = outermost(workload, hardware, whole, orders[-1], tiles[-1])._replace(
-        private=private_floor(workload, hardware, orders, tiles))
+        private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]))
     inner = {}
     for level in range(len(tiles) - 1):
         fit = hardware.target.cache_bytes(level)
@@ -173,6 +175,32 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
             inner[level] = grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
                                         INNER_STEPS)
     return top._replace(inner=inner)
+
+
+def held_bytes(workload, tile: Mapping) -> np.ndarray | float:
+    """Bytes of every tensor's block under `tile` (arrays allowed): what a cache holds to keep
+    all of a tile's blocks at once. MU counts one op's blocks at a time."""
+    return workload.elem_bytes * sum(workload.block(n, tile) for n in workload.tensors)
+
+
+def turns(workload, tile: Mapping) -> tuple:
+    """A chain's ops take turns at each trip of its outermost `tile` (the backend runs each
+    producer at the outermost level's last shared loop): the bytes of the largest op's blocks
+    (MU), of all of them (held_bytes), and the number of trips. A cache that holds each op's
+    blocks but not all of them keeps none from one trip to the next: LRU evicts the producer's
+    blocks while the consumer streams its own, and the consumer's while the next producer runs.
+    So it moves every block at every trip, whatever reuse its inner tiles or an outer one
+    promise. (Attention 2048 x 128, outermost tiles of 6 and of 12 query rows: each op's K or V
+    block, 1 MiB, fits L2's 1.5 MiB usable share, both do not; with L2 charged the inner tiles'
+    reuse, that plan was predicted 3% faster than one with 48-row tiles, and ran 1.5x as long.)
+    Where not even one op's blocks fit (L1, mostly), the inner tiles' reuse is what the cache
+    sees, as bench/cachegrind.py and bench/fidelity.py measure. (0, 0, 0) for one op."""
+    if len(workload.ops) == 1:
+        return (0.0, 0.0, 0.0)
+    from .costmodel import memory_usage
+
+    trips = math.prod(-(-extent // np.asarray(tile[x])) for x, extent in workload.dims.items())
+    return (memory_usage(workload, tile), held_bytes(workload, tile), trips)
 
 
 def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | float:
@@ -256,7 +284,9 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     `caches[l]` bytes, no more than the DV of a level outside it (the outermost with what it
     adds standing in, WholeProblem.standing, for its tile `top.tile`), of its own tile's
     sweeps (`top.sweeps` for the outermost, `top.inner` for the others: `swept`) or of the
-    whole problem whose MU fits (fitting_dv). Scalars or arrays, innermost level first."""
+    whole problem whose MU fits (fitting_dv); and at least a chain's outermost blocks at every
+    trip where each op's fit but all do not (`top.turns`). Scalars or arrays, innermost level
+    first."""
     last = len(dv) - 1
     outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
              for j, (d, m) in enumerate(zip(dv, mu))]
@@ -269,6 +299,9 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
             if i in private and top is not None:
                 out[i] = np.maximum(out[i], top.private)
+            if top is not None:
+                each, held, trips = top.turns
+                out[i] = np.where((each <= fit) & (held > fit), np.maximum(out[i], trips * held), out[i])
     out[last] = out[last] + memory_extra(whole, caches, top.tile if top else None)
     return out
 
@@ -297,7 +330,8 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
 
     moved = workload.bytes_of("input", "output", "intermediate")
     names = [n for n, t in workload.tensors.items() if t.role == "intermediate"]
-    held = float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims)))
+    held = max(float(level_usage(workload, hardware, len(hardware.levels) - 1, dict(workload.dims))),
+               float(held_bytes(workload, workload.dims)))
 
     def buffers(tile: Mapping) -> np.ndarray:
         return workload.elem_bytes * sum(workload.block(n, tile) for n in names)
@@ -307,7 +341,7 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
     def footprint(tile: Mapping) -> np.ndarray:
         # The consumers walk their own loops whole between writing an intermediate and their last read.
         live = {x: tile[x] if x in workload.shared_loops else workload.dims[x] for x in workload.dims}
-        return workload.elem_bytes * sum(workload.block(n, live) for n in workload.tensors)
+        return held_bytes(workload, live)
 
     return WholeProblem(float(moved), held, 2.0 * workload.bytes_of("intermediate"), buffers if names else None,
                         float(written), hardware.cores, footprint if names else None)

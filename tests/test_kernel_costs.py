@@ -236,6 +236,41 @@ def test_an_inner_cache_keeps_the_sweep_of_its_innermost_loop():
     assert (dvs[1], charged[1]) == (own, held)
 
 
+def test_a_cache_that_cannot_hold_a_chains_outermost_blocks_reloads_them_at_every_trip():
+    """objective.turns: outermost tiles of 6 query rows whose producer reads all of K and whose
+    consumer reads all of V (512 KiB each). The backend runs the producer at the outermost
+    level's m loop, so the ops take turns between those tiles. Each op's MU fits L2's usable
+    768 KiB, both do not: LRU evicts K while V streams, and V while the next tile's producer
+    reads K, so L2 moves every block at every trip: more than its own DV (the simulator's),
+    and far more than the outermost tile's reuse that stood in for it. (Attention 2048 x 128
+    ran 1.5x as long as a plan predicted 3% slower while L2 was charged that reuse.)"""
+    from simulator import simulate_dv
+
+    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.objective import effective_dv, held_bytes, swept, time_objective, turns, whole_problem
+
+    w, hw = builtin("gemm-chain", {"m": 48, "l": 2048, "k": 64, "n": 64}), AVX2_CACHES
+    orders = [["m", "l", "k", "n"]] * 4
+    top = {"m": 6, "l": 2048, "k": 64, "n": 64}
+    tiles = [{"m": 6, "l": 16, "k": 1, "n": 16}, {"m": 6, "l": 64, "k": 64, "n": 16}, {**top, "n": 32}, top]
+    every = 4 * (6 * 64 + 2048 * 64 + 6 * 2048 + 2048 * 64 + 6 * 64)  # Q, K, S, V and O's blocks
+    each = level_usage(w, hw, 3, top)
+    assert held_bytes(w, top) == every and turns(w, top) == (each, every, 8)
+    assert each <= time_objective(hw).caches[2] < every
+    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    assert dvs[2] == simulate_dv(w, orders, tiles, 2) < 8 * every
+    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    assert charged_dv(w, hw, dvs, mu, orders, tiles)[2] == 8 * every
+    # Without the turns, the outermost tile's reuse (K and V once) stood in for L2.
+    whole = whole_problem(w, hw)
+    reuse = swept(w, hw, whole, orders, tiles)._replace(turns=(0.0, 0.0, 0.0))
+    assert effective_dv(dvs, mu, time_objective(hw).caches, whole, reuse)[2] < 8 * every / 4
+    # Where all fit (L3), where not one op's do (L1), or with one op, nothing is added.
+    charged = charged_dv(w, hw, dvs, mu, orders, tiles)
+    assert charged[3] < 8 * every and charged[1] == effective_dv(dvs, mu, time_objective(hw).caches, whole, reuse)[1]
+    assert turns(builtin("gemm", {"m": 48, "n": 64, "k": 2048}), {"m": 6, "n": 64, "k": 2048}) == (0.0, 0.0, 0.0)
+
+
 def test_buffers_packed_one_after_another_evict_each_other():
     """models/traffic.py: B's and D's buffers (32 KiB each, l padded to 128) are packed at the
     root one after the other. Each alone fits L1's usable share, both do not, so the FMA loops'
