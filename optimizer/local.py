@@ -125,6 +125,19 @@ def _key(space: Space, orders, tiles, bound: float = np.inf) -> tuple[tuple, boo
     return (float(pred), float(mmax), float(msum)), bool(ok)
 
 
+def _order_key(space: Space, orders, tiles, plan_tiles, bound: float, costed: dict) -> tuple[tuple, bool]:
+    """_key of the incumbent's tiles under other loop orders. Orders that differ only where
+    one-trip loops sit are one plan (Space.canonical), so each is costed once per polish, in
+    `costed`. The polish still charges every order it tries to the work budget: the budget
+    counts moves, so the polish takes the same path in less time. A key costed under an earlier,
+    higher `bound` may be finite where the current bound would give inf; either way it is over
+    the bound, and no pick takes it."""
+    same = (space.canonical(Candidate(orders, plan_tiles, ())).orders, plan_tiles)
+    if same not in costed:
+        costed[same] = _key(space, orders, tiles, bound)
+    return costed[same]
+
+
 def _fill(space: Space, tiles) -> np.ndarray:
     """How full the levels are: the sum over levels of MU / capacity."""
     return sum(
@@ -266,6 +279,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     loops, n = space.loops, space.n_levels
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
     tried = False  # unpack moves (_unpack_moves)
+    costed: dict = {}  # _order_key's
     for grow in (False, True) if space.target.polish_grows else (False,):
         for _ in range(rounds):
             if deadline.expired():
@@ -283,7 +297,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     for order in space.orders:
                         if order != best.orders[j]:
                             orders = best.orders[:j] + (order,) + best.orders[j + 1 :]
-                            key, ok = _key(space, orders, tiles, bound)
+                            key, ok = _order_key(space, orders, tiles, best.tiles, bound, costed)
                             deadline.spend(space.work(levels=space.n_levels))
                             if ok:
                                 options.append((key, best_fill, orders, best.tiles))

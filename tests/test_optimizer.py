@@ -165,6 +165,37 @@ def test_level_moves_retile_one_whole_level_within_its_neighbours():
     assert polish(space, start, Deadline(60, 500.0)).key <= start.key
 
 
+def test_the_polish_costs_each_loop_order_class_once_and_takes_the_same_path(monkeypatch):
+    """local._order_key: orders that differ only where one-trip loops sit are one plan, so the
+    polish costs each class once (gemm 127x251x509: no two costings of a plan's orders are
+    one plan), yet charges every order it tries to its work budget, so it ends where costing
+    every order ends, with the same key."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer import local
+    from cachetile.optimizer.registry import Candidate, rescore
+
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    space = Space(w, hardware_from(SIMD))
+    orders = (("m", "n", "k"),) * space.n_levels
+    tiles = ((4, 32, 1), (8, 64, 64), (32, 128, 509), (127, 251, 509))
+    start = rescore(space, Candidate(orders, tiles, ()))
+    costed, key = [], local._key
+
+    def counted(space, orders, tiles, bound=float("inf")):
+        plan = tuple(tuple(int(t[x]) for x in space.loops) for t in tiles)
+        costed.append((space.canonical(Candidate(tuple(orders), plan, ())).orders, plan))
+        return key(space, orders, tiles, bound)
+
+    monkeypatch.setattr(local, "_key", counted)
+    once = local.polish(space, start, Deadline(60, 500.0))
+    assert costed and len(set(costed)) == len(costed)
+    monkeypatch.setattr(local, "_order_key", lambda space, orders, tiles, plan_tiles, bound, costed:
+                        key(space, orders, tiles, bound))
+    every = local.polish(space, start, Deadline(60, 500.0))
+    assert (every.orders, every.tiles, every.key) == (once.orders, once.tiles, once.key)
+
+
 def test_unpack_moves_read_a_packed_input_in_place_at_every_level():
     """local._unpack_moves: from a plan that packs gpt-2's decode weights B, every feasible move
     reads B where it lies (kernel_costs copies no B), changes only cache levels, keeps the
