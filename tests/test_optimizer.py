@@ -1,5 +1,4 @@
 """Solvers against brute force, against each other, and their statuses."""
-import itertools
 
 import numpy as np
 import pytest
