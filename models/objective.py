@@ -30,7 +30,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .costmodel import overlapped, parallel_candidates, parallel_loops, predicted_seconds
+from .costmodel import memory_usage, overlapped, parallel_candidates, parallel_loops, predicted_seconds
 from .hardware import Hardware
 
 
@@ -197,8 +197,6 @@ def turns(workload, tile: Mapping) -> tuple:
     sees, as bench/cachegrind.py and bench/fidelity.py measure. (0, 0, 0) for one op."""
     if len(workload.ops) == 1:
         return (0.0, 0.0, 0.0)
-    from .costmodel import memory_usage
-
     trips = math.prod(-(-extent // np.asarray(tile[x])) for x, extent in workload.dims.items())
     return (memory_usage(workload, tile), held_bytes(workload, tile), trips)
 
