@@ -135,23 +135,29 @@ class Outermost(NamedTuple):
     turns: tuple = (0.0, 0.0, 0.0)  # a chain's outermost tile: its MU, all its blocks' bytes, its trips (turns)
 
 
-def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping) -> Outermost:
+def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping,
+              fit: int | None = None) -> Outermost:
     """The outermost level's tile and its sweeps: the tile grown to the whole extent along the
     innermost one, two, ... loops of `order` that take more than one trip, each with its DV and
-    MU (arrays allowed), while some grown tile fits the outermost cache and `whole` (the whole
-    problem, whole_problem) does not: where it fits, it moves less than any sweep. Accera's refill rule
+    MU (arrays allowed), while some grown tile fits `fit` bytes (default: the largest hardware
+    cache that `whole`, the whole problem, overflows; where the whole fits, it moves less than
+    any sweep). Accera's refill rule
     reloads a block whole whenever it changes, so windows sliding along an affine dim (a
     convolution's input rows under row tiles) move their overlap again and again; a cache that
     holds a sweep of the loops inside keeps that overlap and moves what the grown tile moves.
     It also keeps what the next trip of the loop around the sweep reuses (a GEMM's B panel
     across row tiles), as an LRU cache that holds the sweep does. (MobileNet's first block at
     batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept in L3; its kernel ran fastest
-    of the plans measured.)"""
-    top = len(hardware.levels) - 1
-    fit = hardware.target.cache_bytes(top)
+    of the plans measured.) An inner cache that holds a sweep keeps the same (effective_dv):
+    gemm 1000^3 in 22x128x10 outermost tiles, m, k, n outermost, keeps each 22-row block of C
+    in L2 across the k loop, which the tiles inside cannot tell it."""
+    if fit is None:
+        fits = [hardware.target.cache_bytes(i) for i in range(len(hardware.levels))]
+        fit = max((f for f in fits if f is not None and f < whole.mu), default=None)
     if fit is None or whole.mu <= fit:
         return Outermost(tile, [])
-    return Outermost(tile, grown_sweeps(workload, hardware, top, [order], [tile], workload.dims, fit))
+    return Outermost(tile, grown_sweeps(workload, hardware, len(hardware.levels) - 1, [order], [tile],
+                                        workload.dims, fit))
 
 
 # Loops an inner cache's tile is grown along (swept): the innermost one. Growing along more
@@ -281,7 +287,8 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     """Per level, the bytes moved into it: its DV, or where it is a hardware cache of
     `caches[l]` bytes, no more than the DV of a level outside it (the outermost with what it
     adds standing in, WholeProblem.standing, for its tile `top.tile`), of its own tile's
-    sweeps (`top.sweeps` for the outermost, `top.inner` for the others: `swept`) or of the
+    sweeps (`top.inner` for the inner levels: `swept`), of the outermost tile's sweeps
+    (`top.sweeps`, with the intermediates its DV leaves out for an inner level) or of the
     whole problem whose MU fits (fitting_dv); and at least a chain's outermost blocks at every
     trip where each op's fit but all do not (`top.turns`). Scalars or arrays, innermost level
     first."""
@@ -289,10 +296,12 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
              for j, (d, m) in enumerate(zip(dv, mu))]
     out = list(dv)
+    extra = whole.intermediates if whole is not None else 0.0
+    grown = top.sweeps if top is not None else []
     private = private_levels(caches)
     for i, fit in enumerate(caches):
         if fit is not None:
-            mine = (top.sweeps if i == last else top.inner.get(i, [])) if top is not None else []
+            mine = grown if i == last else [*(top.inner.get(i, []) if top else []), *((d + extra, m) for d, m in grown)]
             outside = [*outer[i + 1:], *mine, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
             if i in private and top is not None:

@@ -175,7 +175,7 @@ class _Search:
                                  hardware=sp.hardware, offset=level, blocks=classes)[0]
                 raw[o, lo : lo + CHUNK] = dv
                 if fit is not None:
-                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part).sweeps if at_top else
+                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part, fit).sweeps if at_top else
                               grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
                                            outer_tiles[0], fit, INNER_STEPS))
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
@@ -266,9 +266,14 @@ class _Search:
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
             here = (float(raw[o, r] + sp.whole.standing(level, sp.n_levels - 1, child)), float(sp.usage(level, child)))
+            if at_top and sp.objective.caches:  # the inner caches' stand-ins, as effective_dv's
+                grown = outermost(sp.workload, sp.hardware, sp.whole, sp.orders[o], child).sweeps
+                here = (here, *((float(d) + sp.whole.intermediates, float(m)) for d, m in grown))
+            else:
+                here = (here,)
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
-                float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (here, *outer),
+                float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (*here, *outer),
                 (float(secs[o, r]), *plevels),
             )
 

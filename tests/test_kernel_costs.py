@@ -271,6 +271,38 @@ def test_a_cache_that_cannot_hold_a_chains_outermost_blocks_reloads_them_at_ever
     assert turns(builtin("gemm", {"m": 48, "n": 64, "k": 2048}), {"m": 6, "n": 64, "k": 2048}) == (0.0, 0.0, 0.0)
 
 
+def test_an_inner_cache_that_holds_a_sweep_of_the_outermost_tile_keeps_its_reuse():
+    """objective.outermost: outermost tiles of 22 x 128 x 10 (loops m, k, n from the outside)
+    reload C's 22-row block at every k step under the refill rule, and so do the L2 tiles inside
+    them. L2 (768 KiB usable) holds the outermost tile grown along n and k: all of B and one row
+    block of A and C. So it moves each array once, as the simulator counts for that grown tile,
+    not the 11x more its own DV says. The whole problem does not fit, and L1 holds no sweep.
+    (gemm 1000^3 in 22 x 128 x 10 outermost tiles: L2 was charged 10 ms of a kernel that ran in
+    11.2 ms; BENCHMARKS.md, "Sweep session".)"""
+    from simulator import simulate_dv
+
+    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.objective import effective_dv, swept, time_objective, whole_problem
+
+    w, hw = builtin("gemm", {"m": 176, "n": 1024, "k": 160}), AVX2_CACHES
+    orders = [["m", "n", "k"], ["m", "n", "k"], ["n", "m", "k"], ["m", "k", "n"]]
+    tiles = [{"m": 11, "n": 16, "k": 1}, {"m": 11, "n": 16, "k": 5}, {"m": 22, "n": 16, "k": 10},
+             {"m": 22, "n": 128, "k": 10}]
+    caches, whole = time_objective(hw).caches, whole_problem(w, hw)
+    grown = {"m": 22, "n": 1024, "k": 160}
+    assert level_usage(w, hw, 3, grown) <= caches[2] < whole.mu
+    once = 4 * (176 * 160 + 160 * 1024 + 176 * 1024)  # A, B and C, each moved once
+    assert simulate_dv(w, [orders[-1]], [grown], 0) == once
+    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    assert dvs[2] == simulate_dv(w, orders, tiles, 2) > 10 * once
+    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    charged = charged_dv(w, hw, dvs, mu, orders, tiles)
+    assert charged[2] == once
+    # Without the outermost tile's sweeps, nothing stood in for L2 below its own DV; L1 is as it was.
+    without = effective_dv(dvs, mu, caches, whole, swept(w, hw, whole, orders, tiles)._replace(sweeps=[]))
+    assert without[2] == dvs[2] and without[1] == charged[1]
+
+
 def test_buffers_packed_one_after_another_evict_each_other():
     """models/traffic.py: B's and D's buffers (32 KiB each, l padded to 128) are packed at the
     root one after the other. Each alone fits L1's usable share, both do not, so the FMA loops'
