@@ -1,6 +1,6 @@
 """Model fidelity: predicted against measured time over many plans of one workload.
 
-    chrt -f 20 python bench/fidelity.py [--plans 20] [--workloads NAME ...] [--hardware host] [--dump DIR]
+    chrt -f 20 python bench/fidelity.py [--plans 20] [--seed 0] [--workloads NAME ...] [--hardware host] [--dump DIR]
     python bench/fidelity.py --rerank DIR [DIR ...] [--workloads NAME ...] [--hardware host]
 
 For each workload: the returned plan, its alternatives and random feasible
@@ -148,6 +148,7 @@ def main():
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
     ap.add_argument("--hardware", default="host")
     ap.add_argument("--plans", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0, help="draws the random plans: another seed, another sample")
     ap.add_argument("--dump", help="write each workload's plans and measurements to DIR/NAME.json")
     ap.add_argument("--rerank", metavar="DIR", nargs="+",
                     help="re-cost the plans --dump wrote to each DIR; build and time nothing")
@@ -171,7 +172,7 @@ def main():
     use_all_cores(hw)
     print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
           f"hardware {hw.name}: {hw.source or ''}\n")
-    rows = fidelity_rows(args.workloads, hw, args.plans, dump=args.dump)
+    rows = fidelity_rows(args.workloads, hw, args.plans, seed=args.seed, dump=args.dump)
     print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest", "predicted ms",
                  "returned GFLOP/s"), rows))
     rhos = [float(r[2]) for r in rows]

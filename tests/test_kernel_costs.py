@@ -278,7 +278,7 @@ def test_an_inner_cache_that_holds_a_sweep_of_the_outermost_tile_keeps_its_reuse
     block of A and C. So it moves each array once, as the simulator counts for that grown tile,
     not the 11x more its own DV says. The whole problem does not fit, and L1 holds no sweep.
     (gemm 1000^3 in 22 x 128 x 10 outermost tiles: L2 was charged 10 ms of a kernel that ran in
-    11.2 ms; BENCHMARKS.md, "Sweep session".)"""
+    11.2 ms; BENCHMARKS.md, "Outer-sweep session".)"""
     from simulator import simulate_dv
 
     from cachetile.models.costmodel import data_volume, level_usage
