@@ -266,14 +266,13 @@ class _Search:
             o, r = divmod(int(flat), n_rows)
             child = {x: int(v) for x, v in zip(sp.loops, rows[r])}
             here = (float(raw[o, r] + sp.whole.standing(level, sp.n_levels - 1, child)), float(sp.usage(level, child)))
-            if at_top and sp.objective.caches:  # the inner caches' stand-ins, as effective_dv's
+            stand_ins = (here,)
+            if at_top and sp.objective.caches:  # the outermost tile's sweeps, as effective_dv gives the inner caches
                 grown = outermost(sp.workload, sp.hardware, sp.whole, sp.orders[o], child).sweeps
-                here = (here, *((float(d) + sp.whole.intermediates, float(m)) for d, m in grown))
-            else:
-                here = (here,)
+                stand_ins += tuple((float(d) + sp.whole.intermediates, float(m)) for d, m in grown)
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],
-                float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (*here, *outer),
+                float(cmax.flat[flat]), float(csum.flat[flat]), float(clinks.flat[flat]), (*stand_ins, *outer),
                 (float(secs[o, r]), *plevels),
             )
 
