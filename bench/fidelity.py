@@ -8,7 +8,9 @@ plans (nested legal tiles that fit, random orders), each built with the
 LLVM backend and timed in this process (median of 10 rounds that time every
 plan in turn). Prints per workload the Spearman rank correlation of predicted
 against measured time, how far the returned plan is from the fastest measured
-one, and the model's error on the returned plan. Run it with real-time
+one, the model's error on the returned plan, and how many plans' FMA loops
+spill vectors to the stack (what LLVM's unrolling around the register tile
+does, which the model does not see: backends/llvm_asm.py). Run it with real-time
 priority (chrt) on a shared machine, or quiet: the timings are what the table
 reports. `--dump DIR` writes each workload's plans and measured seconds to
 DIR/NAME.json, so that a change to the model can be ranked against the same
@@ -85,12 +87,15 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     time every plan in turn (>= 20 ms of calls each), so that drift in the machine's speed
     (its memory switches between a slow and a fast mode) hits all plans alike instead of the
     ones timed while it lasts. Timed one plan after the other, the same 140 plans ranked
-    themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md)."""
+    themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md). Also each kernel's
+    vector spills in its FMA loops (backends/llvm_asm), which the model does not see."""
+    from cachetile.backends.llvm_asm import fma_loop_spills
     from cachetile.backends.llvm_measure import kernel_args
     from cachetile.models.measurement import random_inputs
 
     libs = [llvm().build(w, hw, p).lib.mod for p in plans]
-    return [statistics.median(t) for t in time_in_rounds(libs, kernel_args(w, random_inputs(w)), rounds, repeat=1)]
+    times = time_in_rounds(libs, kernel_args(w, random_inputs(w)), rounds, repeat=1)
+    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs]
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
@@ -101,16 +106,17 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = Non
         w = workload(name)
         log(f"fidelity: {name}")
         plans = candidate_plans(w, hw, n_plans, random.Random(seed))
-        measured = measure_plans(w, hw, plans)
+        measured, spills = measure_plans(w, hw, plans)
         predicted = [p.predicted_seconds for p in plans]
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
-            Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "plans": [p.model_dump() for p in plans]}))
+            Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "spills": spills,
+                                                              "plans": [p.model_dump() for p in plans]}))
         rho = spearmanr(predicted, measured).statistic
         fastest = min(measured)
         rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}",
                      f"{measured[0] / fastest:.3f}", f"{predicted[0] * 1e3:.3f}",
-                     f"{w.flops / measured[0] / 1e9:.0f}"))
+                     f"{w.flops / measured[0] / 1e9:.0f}", str(sum(n > 0 for n in spills))))
     return rows
 
 
@@ -174,7 +180,7 @@ def main():
           f"hardware {hw.name}: {hw.source or ''}\n")
     rows = fidelity_rows(args.workloads, hw, args.plans, seed=args.seed, dump=args.dump)
     print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest", "predicted ms",
-                 "returned GFLOP/s"), rows))
+                 "returned GFLOP/s", "plans whose FMA loop spills"), rows))
     rhos = [float(r[2]) for r in rows]
     print(f"\nworst Spearman {min(rhos):.2f}; worst returned/fastest {max(float(r[5]) for r in rows):.3f}; "
           f"geomean returned/fastest {math.exp(sum(math.log(float(r[5])) for r in rows) / len(rows)):.3f}")

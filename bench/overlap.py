@@ -64,7 +64,7 @@ def main() -> None:
         times = {0: [], 1: []}
         for r in range(args.rounds):
             order = (0, 1) if r % 2 == 0 else (1, 0)
-            for i, t in zip(order, measure_plans(w, hw, [(old, new)[i] for i in order])):
+            for i, t in zip(order, measure_plans(w, hw, [(old, new)[i] for i in order])[0]):
                 times[i].append(t)
         a, b = min(times[0]), min(times[1])
         ratios.append(b / a)

@@ -11,6 +11,7 @@ import tvm
 
 from cachetile import builtin, make_plan, preset, tune, workload_from_equations
 from cachetile.backends.base import get_backend
+from cachetile.backends.llvm_asm import fma_blocks, fma_loop_spills, vector_spills
 from cachetile.backends.llvm_build import build, export, llvm_target
 from cachetile.backends.llvm_emit import emit
 from cachetile.backends.llvm_measure import check, run_kernel
@@ -319,11 +320,11 @@ def test_register_tile_does_not_spill():
     plan = tune(w, HOST).plan
     reg = plan.levels[0].tile
     built = build(w, HOST, plan)
-    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
+    kernel = fma_blocks(built.lib.mod.inspect_source("asm"))
     lanes = HOST.vector_bytes // 4
     accumulators = reg["m"] * -(-reg["n"] // lanes)
     assert sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in kernel) >= accumulators
-    assert _vector_spills(kernel) == []
+    assert vector_spills(kernel) == []
 
 
 def test_register_tile_rows_are_stored_as_whole_vectors():
@@ -336,7 +337,7 @@ def test_register_tile_rows_are_stored_as_whole_vectors():
     tiles = [reg, {**reg, "k": 128}, *[dict(w.dims)] * (len(HOST.levels) - 2)]
     built = build(w, HOST, make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles))
     asm = built.lib.mod.inspect_source("asm")
-    assert _fma_blocks(asm)
+    assert fma_blocks(asm)
     assert re.findall(r"\tvextract[fi](?:32x4|64x2|128)\s+\$\d+, %[yz]mm\d+, -?\d*\(", asm) == []
     check(w, built.lib)
 
@@ -351,30 +352,39 @@ def test_register_tile_rows_of_three_vectors_keep_their_accumulators_in_register
     tiles = [reg, {**reg, "k": 48}, {"m": 64, "n": 3 * lanes, "k": 48}, *[dict(w.dims)] * (len(HOST.levels) - 3)]
     built = build(w, HOST, make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles))
     _assert_fma_loop_does_not_spill(built)
-    assert "vinsertps" not in "".join(_fma_blocks(built.lib.mod.inspect_source("asm")))
+    assert "vinsertps" not in "".join(fma_blocks(built.lib.mod.inspect_source("asm")))
     check(w, built.lib)
 
 
-def _fma_blocks(asm: str) -> list[str]:
-    """Basic blocks (split at labels, up to their first jump) that hold the vector FMAs: the
-    micro-kernel's loop, without what follows its exit."""
-    blocks = [re.split(r"\n\tj\w+\t", b)[0] for b in re.split(r"\n[.\w]+:", asm)]
-    return [b for b in blocks if len(re.findall(r"\bvfmadd\w*ps\b", b)) >= 4]
-
-
-def _vector_spills(kernel: list[str]) -> list[str]:
-    """The stores of vector registers to the stack in the FMA blocks: a value the loop changes (an
-    accumulator) moved out of the registers. Reloads alone are not spills of that kind: for
-    rocketlake, LLVM parks a depthwise conv's 9 loop-invariant weight vectors on the stack before
-    the loop and reads them from there, one L1 load each, as it would from the weights' buffer."""
-    return [line for b in kernel for line in b.splitlines() if re.search(r"%[xyz]mm\d+, -?\d*\(%rsp[,)]", line)]
+def test_fma_loop_spills_counts_the_accumulators_llvm_unrolls_out_of_the_registers():
+    """backends/llvm_asm: a 19-row, one-vector register tile under serial loops of 2 (n) and 2 (k)
+    trips. LLVM unrolls both into one body of four tiles (76 FMAs), whose 38 accumulators do not
+    fit AVX-512's 32 registers, and stores them to the stack: the plan ran 2.7x its predicted
+    time on gemm 1000^3. With the k loop inside the L1 tile instead, the body is the tile's 19
+    FMAs and nothing spills."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the register counts are AVX-512's")
+    lanes = HOST.vector_bytes // 4
+    w = builtin("gemm", {"m": 38, "n": 4 * lanes, "k": 64})
+    orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")][-len(HOST.levels):]
+    reg, outer = {"m": 19, "n": lanes, "k": 1}, {"m": 19, "n": 2 * lanes}
+    counts = []
+    for k in (1, 64):  # the L1 tile's k: one step, or all of them
+        tiles = [reg, {**reg, "k": k}, {**outer, "k": max(k, 2)}, {**outer, "k": 64}][-len(HOST.levels):]
+        built = build(w, HOST, make_plan(w, HOST, orders, tiles))
+        check(w, built.lib)
+        blocks = fma_blocks(built.lib.mod.inspect_source("asm"))
+        counts.append((sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in blocks), fma_loop_spills(built.lib.mod)))
+    (unrolled, spills), (alone, none) = counts
+    assert unrolled == 4 * 19 and spills >= 19
+    assert alone == 19 and none == 0
 
 
 def _assert_fma_loop_does_not_spill(built) -> None:
     """No vector register is stored to the stack in the kernel's FMA loops."""
-    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
+    kernel = fma_blocks(built.lib.mod.inspect_source("asm"))
     assert kernel
-    spills = _vector_spills(kernel)
+    spills = vector_spills(kernel)
     assert spills == [], spills[:4]
 
 
@@ -389,7 +399,7 @@ def test_register_tile_is_zeroed_before_its_reduction_loops():
     plan = make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles)
     assert plan.caches[-1].layout.startswith("register tile")
     built = build(w, HOST, plan)
-    kernel = _fma_blocks(built.lib.mod.inspect_source("asm"))
+    kernel = fma_blocks(built.lib.mod.inspect_source("asm"))
     assert kernel
     stores = [line for b in kernel for line in b.splitlines() if re.search(r"vmov\w*\s+%[xyz]mm\d+, .*\(", line)]
     assert stores == [], stores[:4]
