@@ -152,7 +152,15 @@ def format_measurement(m: Measurement) -> str:
     build = f"; build {m.build_seconds:.2f} s" if m.build_seconds is not None else ""
     return (f"measured on {m.device}: kernel {_si(m.kernel_gflops * 1e9, 'FLOP/s')} ({_seconds(m.kernel_seconds)}), "
             f"{m.reference} {_si(m.reference_gflops * 1e9, 'FLOP/s')} ({_seconds(m.reference_seconds)}), "
-            f"ratio {m.ratio:.2f}x{build}; max |error| {m.max_abs_error:.2g}")
+            f"ratio {m.ratio:.2f}x{build}; max |error| {m.max_abs_error:.2g}{_spills(m)}")
+
+
+def _spills(m: Measurement) -> str:
+    """A clause when the kernel's FMA loops spill: then its time is not the plan's to answer for."""
+    if not m.fma_loop_spills:
+        return ""
+    return (f"; its FMA loops store {m.fma_loop_spills} vector registers to the stack (LLVM unrolled loops "
+            f"around the register tile into more accumulators than registers)")
 
 
 def format_double_buffer(caches: list[CacheRecord]) -> str:

@@ -14,6 +14,7 @@ import numpy as np
 import tvm
 
 from ..models.measurement import Measurement, compare, measurement, random_inputs, reference
+from .llvm_asm import fma_loop_spills
 from ..models.workload import Workload
 
 Progress = Callable[[float, str], None]
@@ -79,7 +80,8 @@ def cpu_name() -> str:
 
 def measure_built(workload: Workload, lib, build_seconds: float | None, repeat: int = 10,
                   progress: Progress | None = None) -> Measurement:
-    """Check a built kernel against numpy, and time both (median of `repeat` >= 10)."""
+    """Check a built kernel against numpy, and time both (median of `repeat` >= 10); count its
+    FMA loops' spills (backends/llvm_asm)."""
     repeat = max(repeat, 10)
     report = progress or (lambda fraction, message: None)
     arrays = random_inputs(workload, seed=1)
@@ -93,4 +95,5 @@ def measure_built(workload: Workload, lib, build_seconds: float | None, repeat: 
     settle()  # the check ran numpy
     kernel = time_kernel(lib.mod, kernel_args(workload, arrays), repeat)
     report(1.0, "done")
-    return measurement(workload, kernel, numpy_s, error, device=cpu_name(), reference="numpy", build_s=build_seconds)
+    return measurement(workload, kernel, numpy_s, error, device=cpu_name(), reference="numpy", build_s=build_seconds,
+                       spills=fma_loop_spills(lib.mod))

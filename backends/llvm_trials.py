@@ -154,7 +154,8 @@ def _retime(w: Workload, trials: list[Trial], built: dict[int, Built], inputs, n
             m = trials[i].measurement
             seconds = min(m.kernel_seconds, time_kernel(built[i].lib.mod, args, repeat, tvm.cpu()))
             trials[i].measurement = measurement(w, seconds, numpy_s, m.max_abs_error, device=m.device,
-                                                reference=m.reference, build_s=m.build_seconds)
+                                                reference=m.reference, build_s=m.build_seconds,
+                                                spills=m.fma_loop_spills)
 
     again([i for i in reversed(range(len(trials))) if trials[i] and trials[i].measurement])
     again(_leaders({i: t.measurement.kernel_seconds for i, t in enumerate(trials) if t and t.measurement}))
@@ -171,6 +172,7 @@ def _leaders(seconds: dict[int, float]) -> list[int]:
 def _local(kernel: Kernel, built: Built, numpy_s: float, repeat: int, timeout: float) -> Trial:
     import tvm
 
+    from .llvm_asm import fma_loop_spills
     from .llvm_measure import cpu_name
 
     threads = int(tvm.get_global_func("runtime.NumThreads")())
@@ -179,7 +181,7 @@ def _local(kernel: Kernel, built: Built, numpy_s: float, repeat: int, timeout: f
     except CachetileError as exc:
         return Trial(error=str(exc), kind=exc.kind, threads=threads)
     m = measurement(kernel.workload, seconds, numpy_s, error, device=cpu_name(), reference="numpy",
-                    build_s=built.seconds)
+                    build_s=built.seconds, spills=fma_loop_spills(built.lib.mod))
     return Trial(m, threads=threads)
 
 

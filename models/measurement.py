@@ -31,19 +31,24 @@ class Measurement(BaseModel):
     kernel_seconds: float = Field(description="median")
     reference_seconds: float | None = Field(description="median; null when the kernel ran on another machine")
     build_seconds: float | None = Field(None, description="emit + compile, when built in this process")
+    fma_loop_spills: int | None = Field(None, description="vector registers the kernel's FMA loops store to the "
+                                        "stack (CPU kernels built in this process; null otherwise). Above 0, "
+                                        "LLVM's unrolling of the loops around the register tile left more "
+                                        "accumulators than registers, and the kernel waits on those stores, "
+                                        "which the cost model does not see")
 
 
 def measurement(workload: Workload, kernel_s: float, reference_s: float | None, error: float, *, device: str,
-                reference: str, build_s: float | None = None) -> Measurement:
+                reference: str, build_s: float | None = None, spills: int | None = None) -> Measurement:
     """A Measurement from the two median times (the reference's None when it was not timed beside
-    the kernel, on the machine the kernel ran on)."""
+    the kernel, on the machine the kernel ran on), and the kernel's FMA-loop spills when known."""
     flops = workload.flops
     ref = reference_s is not None
     return Measurement(device=device, reference=reference, kernel_gflops=flops / kernel_s / 1e9,
                        reference_gflops=flops / reference_s / 1e9 if ref else None,
                        ratio=reference_s / kernel_s if ref else None,
                        max_abs_error=error, kernel_seconds=kernel_s, reference_seconds=reference_s,
-                       build_seconds=build_s)
+                       build_seconds=build_s, fma_loop_spills=spills)
 
 
 class Export(BaseModel):

@@ -10,6 +10,7 @@ import pytest
 import tvm
 
 from cachetile import builtin, make_plan, preset, tune, workload_from_equations
+from cachetile.api.report import format_measurement
 from cachetile.backends.base import get_backend
 from cachetile.backends.llvm_asm import fma_blocks, fma_loop_spills, vector_spills
 from cachetile.backends.llvm_build import build, export, llvm_target
@@ -368,16 +369,21 @@ def test_fma_loop_spills_counts_the_accumulators_llvm_unrolls_out_of_the_registe
     w = builtin("gemm", {"m": 38, "n": 4 * lanes, "k": 64})
     orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")][-len(HOST.levels):]
     reg, outer = {"m": 19, "n": lanes, "k": 1}, {"m": 19, "n": 2 * lanes}
+    plans = [make_plan(w, HOST, orders, [reg, {**reg, "k": k}, {**outer, "k": max(k, 2)}, {**outer, "k": 64}]
+                       [-len(HOST.levels):]) for k in (1, 64)]  # the L1 tile's k: one step, or all of them
     counts = []
-    for k in (1, 64):  # the L1 tile's k: one step, or all of them
-        tiles = [reg, {**reg, "k": k}, {**outer, "k": max(k, 2)}, {**outer, "k": 64}][-len(HOST.levels):]
-        built = build(w, HOST, make_plan(w, HOST, orders, tiles))
+    for plan in plans:
+        built = build(w, HOST, plan)
         check(w, built.lib)
         blocks = fma_blocks(built.lib.mod.inspect_source("asm"))
         counts.append((sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in blocks), fma_loop_spills(built.lib.mod)))
     (unrolled, spills), (alone, none) = counts
     assert unrolled == 4 * 19 and spills >= 19
     assert alone == 19 and none == 0
+    # A measurement of the first plan reports them, and its one-line report says so.
+    m = get_backend("llvm").measure(tune(w, HOST), plan=plans[0])
+    assert m.fma_loop_spills == spills
+    assert f"its FMA loops store {spills} vector registers to the stack" in format_measurement(m)
 
 
 def _assert_fma_loop_does_not_spill(built) -> None:
@@ -495,6 +501,7 @@ def test_measure_reports_both_sides():
     assert m.kernel_gflops > 0 and m.reference_gflops > 0 and m.reference == "numpy"
     assert m.ratio == pytest.approx(m.reference_seconds / m.kernel_seconds)
     assert m.kernel_gflops == pytest.approx(w.flops / m.kernel_seconds / 1e9)
+    assert m.fma_loop_spills == 0  # the planned register tile stays in registers
 
 
 # Two cores and four levels whatever this machine has, so the parallel loop is known; the
