@@ -159,8 +159,8 @@ def _spills(m: Measurement) -> str:
     """A clause when the kernel's FMA loops spill: then its time is not the plan's to answer for."""
     if not m.fma_loop_spills:
         return ""
-    return (f"; its FMA loops store {m.fma_loop_spills} vector registers to the stack (LLVM unrolled loops "
-            f"around the register tile into more accumulators than registers)")
+    return (f"; its FMA loops store {m.fma_loop_spills} vector registers to the stack (more accumulators live "
+            f"than registers, which the cost model does not see)")
 
 
 def format_double_buffer(caches: list[CacheRecord]) -> str:

@@ -14,8 +14,8 @@ import numpy as np
 import tvm
 
 from ..models.measurement import Measurement, compare, measurement, random_inputs, reference
-from .llvm_asm import fma_loop_spills
 from ..models.workload import Workload
+from .llvm_asm import fma_loop_spills
 
 Progress = Callable[[float, str], None]
 

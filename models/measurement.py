@@ -33,9 +33,9 @@ class Measurement(BaseModel):
     build_seconds: float | None = Field(None, description="emit + compile, when built in this process")
     fma_loop_spills: int | None = Field(None, description="vector registers the kernel's FMA loops store to the "
                                         "stack (CPU kernels built in this process; null otherwise). Above 0, "
-                                        "LLVM's unrolling of the loops around the register tile left more "
-                                        "accumulators than registers, and the kernel waits on those stores, "
-                                        "which the cost model does not see")
+                                        "more accumulators are live than the registers hold (LLVM unrolls short "
+                                        "loops around the register tile into one body), and the kernel waits on "
+                                        "those stores, which the cost model does not see")
 
 
 def measurement(workload: Workload, kernel_s: float, reference_s: float | None, error: float, *, device: str,
