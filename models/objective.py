@@ -183,10 +183,11 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     return top._replace(inner=inner)
 
 
-def held_bytes(workload, tile: Mapping) -> np.ndarray | float:
-    """Bytes of every tensor's block under `tile` (arrays allowed): what a cache holds to keep
-    all of a tile's blocks at once. MU counts one op's blocks at a time."""
-    return workload.elem_bytes * sum(workload.block(n, tile) for n in workload.tensors)
+def held_bytes(workload, tile: Mapping, names=None) -> np.ndarray | float:
+    """Bytes of the blocks under `tile` (arrays allowed) of the tensors `names` (default: every
+    one): what a cache holds to keep all of a tile's blocks at once. MU counts one op's blocks
+    at a time."""
+    return workload.elem_bytes * sum(workload.block(n, tile) for n in (workload.tensors if names is None else names))
 
 
 def turns(workload, tile: Mapping) -> tuple:
@@ -341,7 +342,7 @@ def whole_problem(workload, hardware: Hardware) -> WholeProblem:
                float(held_bytes(workload, workload.dims)))
 
     def buffers(tile: Mapping) -> np.ndarray:
-        return workload.elem_bytes * sum(workload.block(n, tile) for n in names)
+        return held_bytes(workload, tile, names)
 
     written = workload.bytes_of("output")
 

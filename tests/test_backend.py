@@ -12,7 +12,7 @@ import tvm
 from cachetile import builtin, make_plan, preset, tune, workload_from_equations
 from cachetile.api.report import format_measurement
 from cachetile.backends.base import get_backend
-from cachetile.backends.llvm_asm import fma_blocks, fma_loop_spills, vector_spills
+from cachetile.backends.llvm_asm import FMA, fma_blocks, fma_loop_spills, vector_spills
 from cachetile.backends.llvm_build import build, export, llvm_target
 from cachetile.backends.llvm_emit import emit
 from cachetile.backends.llvm_measure import check, run_kernel
@@ -324,7 +324,7 @@ def test_register_tile_does_not_spill():
     kernel = fma_blocks(built.lib.mod.inspect_source("asm"))
     lanes = HOST.vector_bytes // 4
     accumulators = reg["m"] * -(-reg["n"] // lanes)
-    assert sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in kernel) >= accumulators
+    assert sum(len(FMA.findall(b)) for b in kernel) >= accumulators
     assert vector_spills(kernel) == []
 
 
@@ -376,7 +376,7 @@ def test_fma_loop_spills_counts_the_accumulators_llvm_unrolls_out_of_the_registe
         built = build(w, HOST, plan)
         check(w, built.lib)
         blocks = fma_blocks(built.lib.mod.inspect_source("asm"))
-        counts.append((sum(len(re.findall(r"\bvfmadd\w*ps\b", b)) for b in blocks), fma_loop_spills(built.lib.mod)))
+        counts.append((sum(len(FMA.findall(b)) for b in blocks), fma_loop_spills(built.lib.mod)))
     (unrolled, spills), (alone, none) = counts
     assert unrolled == 4 * 19 and spills >= 19
     assert alone == 19 and none == 0
