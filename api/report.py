@@ -83,6 +83,8 @@ def format_hardware(hw: Hardware) -> str:
                         if hw.short_run_start_bytes is not None else ""))
         if hw.run_start_reach:
             lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
+        if hw.prefetch_streams:
+            lines.append(f"  rows read in turn that still stream as runs: {hw.prefetch_streams}")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -114,6 +116,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append((f"{last.name} size", f"{_bytes(last.capacity_bytes)} (sysfs)", "-", _bytes(profile.last_level_bytes)))
     if profile.run_start_reach:
         rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
+    if profile.prefetch_streams:
+        rows.append(("rows read in turn", "any number", "-", str(profile.prefetch_streams)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

@@ -33,6 +33,11 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   total up by factors of 4 (on all cores): what share of those run starts a
   stream that large pays, since TLB misses and untracked prefetch streams
   charge runs well before an array leaves the last cache;
+- a decode GEMM's micro-kernel reading a large B where it lies, its rows in
+  bands of 8 to 256 that the tile walks along, each row in turn: past the
+  rows the hardware prefetcher follows at once, the time steps up (1.6-1.9x
+  from 32 to 64 rows on the Intel Xeon of BENCHMARKS.md), and the band
+  before that step is the profile's prefetch_streams;
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -65,6 +70,9 @@ REACH_ROUNDS = 2  # the same for the smaller working sets of the run starts' rea
 REACH_STEP = 4  # between the working sets of the reach
 HOLDS = 0.8  # a working set streaming at this share of the fastest smaller one is still in the last cache
 ROW_BYTES = 16384  # the strided stream's rows
+BANDS = (8, 16, 32, 64, 128, 256)  # rows the banded micro-kernel reads in turn (band_seconds)
+BAND_ROUNDS = 2
+BAND_STEP = 1.15  # a band this much slower than the one before marks the prefetcher's limit
 
 
 def _target(threads: int):
@@ -192,6 +200,56 @@ def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, runs=(SHOR
     return ratios
 
 
+def band_seconds(threads: int, bytes_per_thread: int, lanes: int, bands=BANDS, rounds: int = BAND_ROUNDS,
+                 rows: int = 8, vectors: int = 2) -> dict[int, list[float]]:
+    """Per band, per round, seconds per call of a decode GEMM's micro-kernel (`rows` rows of A
+    broadcast against `vectors` vectors of B) over a B of ROW_BYTES rows, `bytes_per_thread` per
+    thread, read where it lies in bands: the tile walks along a band's rows, each row in turn,
+    before the next band. The bands are timed in turn in each round."""
+    import tvm
+    from tvm import te
+
+    n, k = ROW_BYTES // 4, max(max(bands), bytes_per_thread // ROW_BYTES)
+    A = te.placeholder((threads, rows, k), "float32", name="A")
+    B = te.placeholder((threads, k, n), "float32", name="B")
+    r = te.reduce_axis((0, k), name="k")
+    C = te.compute((threads, rows, n), lambda t, i, j: te.sum(A[t, i, r] * B[t, r, j], axis=[r]), name="C")
+    libs = {}
+    for band in bands:
+        sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
+        block = sch.get_sblock("C")
+        t, i, j, kk = sch.get_loops(block)
+        ko, ki = sch.split(kk, factors=[None, band])
+        jo, jv, jl = sch.split(j, factors=[None, vectors, lanes])
+        sch.reorder(t, ko, jo, ki, i, jv, jl)
+        if threads > 1:
+            sch.parallel(t)
+        sch.unroll(i)
+        sch.unroll(jv)
+        sch.vectorize(jl)
+        sch.decompose_reduction(block, ko)
+        libs[band] = tvm.compile(sch.mod, target=_target(threads))
+    rng = np.random.default_rng(0)
+    args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, n), "float32"),
+                    np.zeros((threads, rows, n), "float32"))
+    seconds: dict[int, list[float]] = {band: [] for band in bands}
+    for _ in range(rounds):
+        for band, lib in libs.items():
+            seconds[band].append(_median_seconds(lib, args))
+    return seconds
+
+
+def fit_streams(seconds: dict[int, list[float]]) -> int | None:
+    """The widest band before the largest step up in time between neighbouring bands (medians),
+    when that step is at least BAND_STEP: the rows the prefetcher follows at once. None when no
+    band is that much slower than the one before: any number, as the model assumes uncalibrated."""
+    bands = sorted(seconds)
+    medians = [statistics.median(seconds[b]) for b in bands]
+    steps = [(later / earlier, band) for earlier, later, band in zip(medians, medians[1:], bands)]
+    step, band = max(steps, default=(0.0, None))
+    return band if step >= BAND_STEP else None
+
+
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
     """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
     import tvm
@@ -314,7 +372,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 1  # and the reach's, once the sweep is done
+    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 2  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -366,6 +424,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
     for size in sizes:
         step(f"runs over {size >> 20} MiB on {cores} core(s)")
         sweep[size] = run_start_ratios(cores, size // cores, lanes, rounds=REACH_ROUNDS)
+    step(f"bands of rows on {cores} core(s)")
+    # Over half the last cache, as the L3 stream: a decode step's weights, warm or not, are read alike.
+    prefetch = fit_streams(band_seconds(cores, last // 2 // cores, lanes))
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -384,4 +445,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
+        prefetch_streams=prefetch,
     )

@@ -8,11 +8,11 @@ the same rows. The model counts such a row as one run as long as the blocks
 that follow continue it (models/kernel_costs.contiguous_run), whatever the
 number of rows. Two tables test that:
 
-1. a banded stream: C[m, n] += A[m, k] * B[k, n] over a B of rows of 16 KiB,
-   eight rows of A broadcast against two vectors of B (the register tile of
-   a decode GEMM), B's rows read in bands of `band` rows that the tile walks
-   along before the next band; per working-set size (MiB, all threads), the
-   time of each band against the fastest;
+1. the banded micro-kernel calibration times (backends/calibrate.band_seconds:
+   eight rows of A broadcast against two vectors of B, a decode GEMM's register
+   tile, over a B of 16 KiB rows read in bands the tile walks along); per
+   working-set size (MiB, all threads), each band's time against the fastest,
+   and the prefetch_streams calibration would fit;
 2. the same through the planner and the LLVM backend: decode GEMMs whose L1
    block is 8 x 32 x `band` and whose L2 block spans 2048 columns, so B's
    rows continue across L1 blocks, each predicted and timed side by side
@@ -33,54 +33,17 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from solve_times import table  # noqa: E402
 
-BANDS = (8, 16, 32, 64, 128, 256)
-ROW_BYTES = 16384
-
-
-def banded_stream(threads: int, rows_per_thread: int, band: int, lanes: int, m: int = 8, vectors: int = 2):
-    """A timer (median seconds per call) of the banded stream on `threads` cores."""
-    import numpy as np
-    import tvm
-    from tvm import te
-
-    from cachetile.backends.calibrate import _median_seconds, _target, _tensors
-
-    n, k = ROW_BYTES // 4, rows_per_thread
-    A = te.placeholder((threads, m, k), "float32", name="A")
-    B = te.placeholder((threads, k, n), "float32", name="B")
-    r = te.reduce_axis((0, k), name="k")
-    C = te.compute((threads, m, n), lambda t, i, j: te.sum(A[t, i, r] * B[t, r, j], axis=[r]), name="C")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
-    block = sch.get_sblock("C")
-    t, i, j, kk = sch.get_loops(block)
-    ko, ki = sch.split(kk, factors=[None, band])
-    jo, jv, jl = sch.split(j, factors=[None, vectors, lanes])
-    sch.reorder(t, ko, jo, ki, i, jv, jl)  # along the band's rows, each row in turn
-    if threads > 1:
-        sch.parallel(t)
-    sch.unroll(i)
-    sch.unroll(jv)
-    sch.vectorize(jl)
-    sch.decompose_reduction(block, ko)
-    lib = tvm.compile(sch.mod, target=_target(threads))
-    rng = np.random.default_rng(0)
-    args = _tensors(rng.random((threads, m, k), "float32"), rng.random((threads, k, n), "float32"),
-                    np.zeros((threads, m, n), "float32"))
-    return lambda: _median_seconds(lib, args)
-
 
 def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
+    from cachetile.backends.calibrate import BANDS, band_seconds, fit_streams
+
     rows = []
     for size in sizes_mib:
-        per_thread = (size << 20) // threads // ROW_BYTES
-        timers = {band: banded_stream(threads, per_thread, band, lanes) for band in BANDS}
-        times = {band: [] for band in BANDS}
-        for _ in range(rounds):  # every band in turn, so drift hits all alike
-            for band, timer in timers.items():
-                times[band].append(timer())
-        medians = {band: statistics.median(v) for band, v in times.items()}
+        seconds = band_seconds(threads, (size << 20) // threads, lanes, rounds=rounds)
+        medians = {band: statistics.median(v) for band, v in seconds.items()}
         best = min(medians.values())
-        rows.append([f"{size}", *(f"{medians[b] * 1e3:.3f} ({medians[b] / best:.2f}x)" for b in BANDS)])
+        rows.append([f"{size}", *(f"{medians[b] * 1e3:.3f} ({medians[b] / best:.2f}x)" for b in BANDS),
+                     str(fit_streams(seconds))])
     return rows
 
 
@@ -95,10 +58,10 @@ def plan_rows(hw, rounds: int):
         orders = [list("mnk")] * 4
         plans = [make_plan(w, hw, orders, [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": band},
                                            {"m": 8, "n": 2048, "k": band}, {"m": 8, "n": 2048, "k": 128}])
-                 for band in BANDS[:-1]]
+                 for band in (8, 16, 32, 64, 128)]
         plans.append(tune(w, hw, top=0).plan)
         seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
-        for name, plan, s in zip([f"band {b}" for b in BANDS[:-1]] + ["tune's plan"], plans, seconds):
+        for name, plan, s in zip([f"band {b}" for b in (8, 16, 32, 64, 128)] + ["tune's plan"], plans, seconds):
             spec = " | ".join("".join(lp.order) + ":" + ",".join(map(str, lp.tile.values())) for lp in plan.levels)
             rows.append([f"8x4096x{k}", name, spec, f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
     return rows
@@ -120,7 +83,10 @@ def main():
     lanes = (hw.vector_bytes or 16) // 4
     print(f"# {_cpu_model()}, {threads} threads; hardware host: {hw.source}\n")
     print("banded stream, ms per call (x the fastest band)\n")
-    print(table(["MiB", *(f"band {b}" for b in BANDS)], stream_rows(args.sizes, threads, lanes, args.rounds)))
+    from cachetile.backends.calibrate import BANDS
+
+    print(table(["MiB", *(f"band {b}" for b in BANDS), "prefetch_streams"],
+                stream_rows(args.sizes, threads, lanes, args.rounds)))
     print("\nplanned decode GEMMs reading B unpacked, B's rows continued across L1 blocks\n")
     print(table(["gemm", "L1 rows", "plan", "predicted ms", "measured ms"], plan_rows(hw, args.rounds)))
 

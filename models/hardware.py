@@ -89,6 +89,10 @@ class Hardware(BaseModel):
         None, description="CPU: per input size in bytes (increasing), the share of the run start figures its runs pay, "
                           "linear in the log of the size between points and the nearer point's outside them; none "
                           "until calibrated: all of them beyond the outermost level, none within")
+    prefetch_streams: int | None = Field(
+        None, ge=1, description="CPU: rows of an unpacked input the micro-kernel may read in turn and still have "
+                                "each row stream as one run across the blocks that continue it (what the hardware "
+                                "prefetcher follows at once); none until calibrated: any number")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -306,6 +310,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
+        **({"prefetch_streams": profile.prefetch_streams} if profile.prefetch_streams else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

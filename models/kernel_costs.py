@@ -128,7 +128,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             reach = run_start_reach(hardware, size)
             if not reach:
                 continue
-            run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores)
+            run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores,
+                                 hardware.prefetch_streams)
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
@@ -197,7 +198,8 @@ def run_start_reach(hardware: Hardware, nbytes: float) -> float:
     return float(np.interp(math.log(nbytes), np.log(sizes), shares))
 
 
-def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1) -> int:
+def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1,
+                   streams: int | None = None) -> int:
     """Elements in each contiguous run of input `name`'s row-major array as one thread's walk
     reads it unpacked (tiles effective; `split`, the op's parallel loop position, gives each of
     the `cores` threads a contiguous chunk of its trips): its L1 block's rows, grown while the
@@ -212,7 +214,13 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
     block 2048 wide (one block per thread: runs of 2048 floats, half a row) ran at 0.77-0.86x the
     time of 64x64 blocks moving down its columns (runs of 64), Intel Xeon, BENCHMARKS.md.
     Or a private cache's whole block, where one thread's part of it is one contiguous piece of
-    the array (rows read whole)."""
+    the array (rows read whole).
+
+    Neither when the L1 block reads more rows in turn than the prefetcher follows (`streams`,
+    Hardware.prefetch_streams): each visit to a row is then a run of its own. gemm 8x4096x1024
+    reading B unpacked through L1 blocks 8x32xk moving along 2048-wide rows ran in 0.336,
+    0.333, 0.361, 0.476 and 0.501 ms for k = 8, 16, 32, 64 and 128 rows (Intel Xeon, two cores,
+    BENCHMARKS.md "Band session"), all predicted 0.570 ms before this rule."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
     level = min(1, len(tiles) - 1)
@@ -230,6 +238,8 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
         return -(-t // cores) if (x, j) == split else t
 
     block = [tiles[level][x] for x in dims]
+    if streams is not None and block[-1] < full[-1] and math.prod(block[:-1]) > streams:
+        return run(block)
     for x, j in reversed(walk(workload, orders, op)):
         t = share(x, j)
         if j < level or x not in dims or t == 1:

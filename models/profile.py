@@ -102,6 +102,10 @@ class Profile(BaseModel):
         None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
                           "above that a strided stream that large pays, measured on all cores; none in older profiles: "
                           "all of it beyond the last cache, none within")
+    prefetch_streams: int | None = Field(
+        None, ge=1, description="the most rows of a large array a micro-kernel reads in bands (each row in turn, "
+                                "along the rows) while staying near the speed of the narrowest band; none in older "
+                                "profiles: any number")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")

@@ -265,6 +265,44 @@ def _unpack_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: D
     return moved
 
 
+BAND_SIZES = 2  # per input, the widest band that fits the prefetcher and the next one down
+
+
+def _band_moves(space: Space, orders, tiles: list[dict[str, int]]) -> list:
+    """Plans whose L1 block reads an unpacked input in a band of rows the prefetcher follows
+    (Hardware.prefetch_streams), with or without the L2 block taking that band across its
+    parent's whole rows, so that each row streams as one run (kernel_costs.contiguous_run).
+    Once the model sees that wider bands break the runs, such a plan is several moves away:
+    narrowing the L1 block alone leaves runs of its width, as costly as the wide band (gemm
+    8x4096x4096: bands of 8-16 rows across 2048 columns ran in 1.3 ms, the 128-row band tune
+    returned before in 2.0, bench/bands.py)."""
+    w, loops, n = space.workload, space.loops, space.n_levels
+    streams = space.hardware.prefetch_streams
+    costs = space.target.kernel_costs(w, orders, tiles, space.stages) if streams and n > 2 else None
+    if costs is None:
+        return []
+    now = tuple(tuple(t[x] for x in loops) for t in tiles)
+    parent = tiles[3] if n > 3 else w.dims
+    moved = []
+    for name in dict.fromkeys(r[0] for r in costs.runs):
+        *lead, row = w.tensors[name].loops
+        if not lead or math.prod(tiles[1][x] for x in lead) <= streams or tiles[1][row] >= w.dims[row]:
+            continue
+        x, others = lead[-1], math.prod(tiles[1][y] for y in lead[:-1])
+        c = space.candidates[x]
+        c = c[(c * others <= streams) & space.legal(x, np.int64(tiles[0][x]), c, 0) & space.legal(x, c, tiles[2][x], 1)]
+        for band in c[-BAND_SIZES:]:
+            l1, l2 = {**tiles[1], x: int(band)}, {**tiles[2], x: int(band), row: parent[row]}
+            plans = [[tiles[0], l1, *tiles[2:]]]
+            if space.legal(x, np.int64(band), parent[x], 2) and space.usage(2, l2) <= space.capacity(2):
+                plans.append([tiles[0], l1, l2, *tiles[3:]])
+            for new in plans:
+                plan = tuple(tuple(t[y] for y in loops) for t in new)
+                if plan != now and space.usage(1, l1) <= space.capacity(1):
+                    moved.append(plan)
+    return moved
+
+
 def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) -> Candidate:
     """Improve `cand`'s ranking key by single moves until none helps or time runs short.
 
@@ -272,7 +310,8 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     but frees capacity counts as an improvement too, since it opens the way for
     the next one (shrink k so that m and n can grow); each of its rounds also
     tries re-tiling one whole level (_level_moves), and once no move lowers the key,
-    reading a packed input in place (_unpack_moves). Phase 2 then grows tiles wherever the
+    reading a packed input in place (_unpack_moves) or an unpacked one in narrower bands
+    (_band_moves). Phase 2 then grows tiles wherever the
     key does not get worse: when the model is indifferent, fuller levels are the
     better bet for real code.
     """
@@ -312,7 +351,8 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     # charged, it cut the grow phase short (gpt-2's 1024x768x768 kept 8-deep L1
                     # tiles that ran 5% slower than the 32-deep ones it grows to otherwise).
                     tried, clock = True, Deadline(deadline.left())
-                    unpacked = _scored(space, best.orders, _unpack_moves(space, best.orders, tiles, clock), clock, bound)
+                    moves = _unpack_moves(space, best.orders, tiles, clock) + _band_moves(space, best.orders, tiles)
+                    unpacked = _scored(space, best.orders, moves, clock, bound)
                     pick = min([o for o in unpacked if _compare(o[0], best.key) < 0], default=pick)
             if pick is None:
                 break

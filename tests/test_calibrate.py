@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (LOADS, fit_accumulators, fit_last_level, fit_peak_and_registers, fit_reach,
-                                          fit_run_start, last_level_sizes, reach_sizes)
+from cachetile.backends.calibrate import (BAND_STEP, BANDS, LOADS, fit_accumulators, fit_last_level,
+                                          fit_peak_and_registers, fit_reach, fit_run_start, fit_streams,
+                                          last_level_sizes, reach_sizes)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
@@ -25,7 +26,7 @@ def _profile(key: str) -> Profile:
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
-                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)])
+                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], prefetch_streams=32)
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -42,6 +43,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
     assert (hw.short_run_start_bytes, assumed.short_run_start_bytes) == (60.0, None)
     assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
+    assert (hw.prefetch_streams, assumed.prefetch_streams) == (32, None)
+    assert "rows read in turn that still stream as runs: 32" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -163,6 +166,7 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert all(np.isfinite(v) and v > 0 for v in figures)
     starts = [profile.run_start_bytes.all_cores, profile.short_run_start_bytes.all_cores]
     assert all(np.isfinite(v) and v >= 0 for v in starts)
+    assert profile.prefetch_streams is None or profile.prefetch_streams in BANDS[:-1]
     sysfs = host(calibrated=False).levels[-1].capacity_bytes
     assert profile.last_level_bytes is None or 0 < profile.last_level_bytes < sysfs
     sizes, shares = zip(*profile.run_start_reach)
@@ -175,6 +179,17 @@ def test_calibrate_from_the_command_line(tmp_path):
     bad = subprocess.run([*tune, "hardware", "h100", "--calibrate"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "tune: error: --calibrate measures this machine: use `tune hardware host --calibrate` (got 'h100')")
+
+
+def test_the_prefetcher_follows_the_band_before_the_largest_step_up():
+    """The banded micro-kernel's medians on the Intel Xeon of BENCHMARKS.md (ms, bands of 8 to
+    256 rows), over 16 MiB (the largest step, 1.20x, from 32 to 64 rows) and 256 MiB (1.59x, the
+    same place): 32 rows. Times that never step up by BAND_STEP give none (any number)."""
+    xeon = {16: [0.333, 0.346, 0.369, 0.442, 0.443, 0.433], 256: [9.30, 10.51, 11.35, 17.98, 24.29, 26.22]}
+    for medians in xeon.values():
+        assert fit_streams({band: [t, t * 1.5, t * 0.9] for band, t in zip(BANDS, medians)}) == 32
+    assert fit_streams({band: [1.0 + band / 1e4] for band in BANDS}) is None
+    assert fit_streams({8: [1.0], 16: [1.0 * BAND_STEP]}) == 8
 
 
 def test_timings_that_noise_inverted_still_give_finite_figures():

@@ -53,7 +53,8 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     assert [op["name"] for op in w["ops"]] == ["gemm1", "gemm2"]
     defaults = {"kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None, "call_seconds": 0.0,
                 "parallel_region_seconds": 0.0, "calibrated": None, "accumulator_bytes_per_s": None,
-                "run_start_bytes": 128.0, "short_run_start_bytes": None, "run_start_reach": None}
+                "run_start_bytes": 128.0, "short_run_start_bytes": None, "run_start_reach": None,
+                "prefetch_streams": None}
     levels = [{**lv, "ways": None} for lv in CUSTOM["levels"]]
     assert doc["hardware"] == {**CUSTOM, **defaults, "levels": levels}  # defaults filled in
     plan = doc["plan"]
