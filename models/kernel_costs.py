@@ -218,9 +218,9 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
 
     Neither when the L1 block reads more rows in turn than the prefetcher follows (`streams`,
     Hardware.prefetch_streams): each visit to a row is then a run of its own. gemm 8x4096x1024
-    reading B unpacked through L1 blocks 8x32xk moving along 2048-wide rows ran in 0.336,
-    0.333, 0.361, 0.476 and 0.501 ms for k = 8, 16, 32, 64 and 128 rows (Intel Xeon, two cores,
-    BENCHMARKS.md "Band session"), all predicted 0.570 ms before this rule."""
+    reading B unpacked through L1 blocks 8x32xk moving along 2048-wide rows ran in 0.323,
+    0.335, 0.339, 0.456 and 0.450 ms for k = 8, 16, 32, 64 and 128 rows (Intel Xeon, two cores,
+    bench/bands.py, BENCHMARKS.md "Band session"), all predicted 0.570 ms before this rule."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
     level = min(1, len(tiles) - 1)
