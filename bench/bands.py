@@ -52,16 +52,17 @@ def plan_rows(hw, rounds: int):
 
     from cachetile import builtin, make_plan, tune
 
+    bands = (8, 16, 32, 64, 128)
     rows = []
     for k in (1024, 4096):
         w = builtin("gemm", {"m": 8, "n": 4096, "k": k})
         orders = [list("mnk")] * 4
         plans = [make_plan(w, hw, orders, [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": band},
                                            {"m": 8, "n": 2048, "k": band}, {"m": 8, "n": 2048, "k": 128}])
-                 for band in (8, 16, 32, 64, 128)]
+                 for band in bands]
         plans.append(tune(w, hw, top=0).plan)
         seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
-        for name, plan, s in zip([f"band {b}" for b in (8, 16, 32, 64, 128)] + ["tune's plan"], plans, seconds):
+        for name, plan, s in zip([f"band {b}" for b in bands] + ["tune's plan"], plans, seconds):
             spec = " | ".join("".join(lp.order) + ":" + ",".join(map(str, lp.tile.values())) for lp in plan.levels)
             rows.append([f"8x4096x{k}", name, spec, f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
     return rows

@@ -223,7 +223,7 @@ def _level_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: De
 UNPACK_FITS = 3  # per level and split, the largest tiles of the free loop that fit
 
 
-def _unpack_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: Deadline) -> list:
+def _unpack_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     """Plans that read a packed input where it lies: every cache level's block of the input made
     one contiguous run of its row-major array (caches.row_major_thrifty: leading dims of one
     element, then one free dim, then whole dims), with the free loop as large as still fits, or
@@ -231,12 +231,9 @@ def _unpack_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: D
     packing copy is a serial cost that only a whole plan shows, and dropping it changes
     every level at once: gpt-2's decode GEMM 16x3072x768 reads its 9.4 MB of weights in place
     when each level's block spans whole rows of them or a single one (0.36 ms predicted, and
-    0.33 measured), and packs them when a single level does not (0.87 ms)."""
+    0.33 measured), and packs them when a single level does not (0.87 ms). `costs`: the plan's
+    kernel_costs, which name its copies."""
     w, loops, n = space.workload, space.loops, space.n_levels
-    costs = space.target.kernel_costs(w, orders, tiles, space.stages) if n > 1 else None
-    if costs is None:
-        return []
-    deadline.spend(space.work(levels=n))
     now = tuple(tuple(t[x] for x in loops) for t in tiles)
     moved = []
     for name in dict.fromkeys(c[0] for c in costs.copies):
@@ -268,18 +265,18 @@ def _unpack_moves(space: Space, orders, tiles: list[dict[str, int]], deadline: D
 BAND_SIZES = 2  # per input, the widest band that fits the prefetcher and the next one down
 
 
-def _band_moves(space: Space, orders, tiles: list[dict[str, int]]) -> list:
+def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     """Plans whose L1 block reads an unpacked input in a band of rows the prefetcher follows
     (Hardware.prefetch_streams), with or without the L2 block taking that band across its
     parent's whole rows, so that each row streams as one run (kernel_costs.contiguous_run).
     Once the model sees that wider bands break the runs, such a plan is several moves away:
     narrowing the L1 block alone leaves runs of its width, as costly as the wide band (gemm
     8x4096x4096: bands of 8-16 rows across 2048 columns ran in 1.3 ms, the 128-row band tune
-    returned before in 2.0, bench/bands.py)."""
+    returned before in 2.0, bench/bands.py). `costs`: the plan's kernel_costs, which name its
+    unpacked inputs."""
     w, loops, n = space.workload, space.loops, space.n_levels
     streams = space.hardware.prefetch_streams
-    costs = space.target.kernel_costs(w, orders, tiles, space.stages) if streams and n > 2 else None
-    if costs is None:
+    if not streams or n < 3:
         return []
     now = tuple(tuple(t[x] for x in loops) for t in tiles)
     parent = tiles[3] if n > 3 else w.dims
@@ -293,12 +290,14 @@ def _band_moves(space: Space, orders, tiles: list[dict[str, int]]) -> list:
         c = c[(c * others <= streams) & space.legal(x, np.int64(tiles[0][x]), c, 0) & space.legal(x, c, tiles[2][x], 1)]
         for band in c[-BAND_SIZES:]:
             l1, l2 = {**tiles[1], x: int(band)}, {**tiles[2], x: int(band), row: parent[row]}
+            if space.usage(1, l1) > space.capacity(1):
+                continue
             plans = [[tiles[0], l1, *tiles[2:]]]
             if space.legal(x, np.int64(band), parent[x], 2) and space.usage(2, l2) <= space.capacity(2):
                 plans.append([tiles[0], l1, l2, *tiles[3:]])
             for new in plans:
                 plan = tuple(tuple(t[y] for y in loops) for t in new)
-                if plan != now and space.usage(1, l1) <= space.capacity(1):
+                if plan != now:
                     moved.append(plan)
     return moved
 
@@ -351,7 +350,12 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     # charged, it cut the grow phase short (gpt-2's 1024x768x768 kept 8-deep L1
                     # tiles that ran 5% slower than the 32-deep ones it grows to otherwise).
                     tried, clock = True, Deadline(deadline.left())
-                    moves = _unpack_moves(space, best.orders, tiles, clock) + _band_moves(space, best.orders, tiles)
+                    # The incumbent's costs name its copies and its unpacked inputs: both kinds of move start there.
+                    costs = space.target.kernel_costs(space.workload, best.orders, tiles, space.stages) if n > 1 else None
+                    moves = []
+                    if costs is not None:
+                        clock.spend(space.work(levels=n))
+                        moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
                     unpacked = _scored(space, best.orders, moves, clock, bound)
                     pick = min([o for o in unpacked if _compare(o[0], best.key) < 0], default=pick)
             if pick is None:

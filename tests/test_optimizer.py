@@ -214,7 +214,7 @@ def test_unpack_moves_read_a_packed_input_in_place_at_every_level():
         return any(c[0] == "B" for c in space.target.kernel_costs(w, orders, tiles).copies)
 
     assert packs_b(tiles)
-    moves = _unpack_moves(space, orders, tiles, Deadline(60))
+    moves = _unpack_moves(space, tiles, space.target.kernel_costs(w, orders, tiles))
     feasible = []
     for move in moves:
         assert move[0] == tuple(tiles[0][x] for x in space.loops)  # the register tile stays
