@@ -132,6 +132,7 @@ class Outermost(NamedTuple):
     sweeps: list
     inner: Mapping[int, list] = {}
     private: np.ndarray | float = 0.0  # bytes each core's private caches receive at least (private_floor)
+    cores: list = []  # (DV, MU) of the outermost tile grown to one core's share (core_sweeps)
     turns: tuple = (0.0, 0.0, 0.0)  # a chain's outermost tile: its MU, all its blocks' bytes, its trips (turns)
 
 
@@ -172,15 +173,46 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.)"""
+    fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))]
+    private = [fits[i] for i in private_levels(fits)]
     top = outermost(workload, hardware, whole, orders[-1], tiles[-1])._replace(
-        private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]))
-    inner = {}
-    for level in range(len(tiles) - 1):
-        fit = hardware.target.cache_bytes(level)
-        if fit is not None:
-            inner[level] = grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
-                                        INNER_STEPS)
+        private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
+        cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], max(private)) if private else [])
+    inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
+                                 INNER_STEPS)
+             for level, fit in enumerate(fits[:-1]) if fit is not None}
     return top._replace(inner=inner)
+
+
+def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mapping, fit: int) -> list:
+    """(DV, MU) of the outermost `tile` (walked by `order`) as one core's private caches see it,
+    where the backend runs one of its loops in parallel (the first spatial one with a trip per
+    core, costmodel.parallel_loops): each core walks its own consecutive trips of that loop, so
+    the tile spans them and the loop over the cores' shares runs outermost; then that tile grown
+    along its innermost loops (grown_sweeps) while it fits `fit`. Arrays allowed; no sweeps on
+    one core. (gemm 197x2304x768 in 33x192x6 outermost tiles, k outermost: all of C, 1.8 MB,
+    overflows L2, and the refill rule reloads it at every k step, 243 MB; each core's half of C
+    stays in its own L2, and the plan ran in 3.3 ms where that charge alone predicts 4.1.)"""
+    from .costmodel import data_volume, level_usage
+
+    cores = hardware.cores
+    if cores <= 1:
+        return []
+    out, taken = [], np.zeros(np.shape(next(iter(tile.values()))), dtype=bool)
+    for x, _ in parallel_candidates(workload, [order, order], workload.ops[-1]):  # the outermost level's
+        trips = np.ceil(workload.dims[x] / np.asarray(tile[x], dtype=np.float64))
+        mine = ~taken & (trips >= cores)
+        taken = taken | mine
+        if not np.any(mine):
+            continue
+        share = dict(tile)
+        share[x] = np.where(mine, np.minimum(np.ceil(trips / cores) * tile[x], workload.dims[x]), tile[x])
+        walk = [x, *(y for y in order if y != x)]
+        dv = data_volume(workload, [walk], [share], levels=[0], hardware=hardware, offset=len(hardware.levels) - 1)[0]
+        found = [(dv, level_usage(workload, hardware, len(hardware.levels) - 1, share)),
+                 *grown_sweeps(workload, hardware, len(hardware.levels) - 1, [walk], [share], workload.dims, fit)]
+        out.extend((np.where(mine, d, np.inf), m) for d, m in found)
+    return out
 
 
 def held_bytes(workload, tile: Mapping, names=None) -> np.ndarray | float:
@@ -289,8 +321,9 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     `caches[l]` bytes, no more than the DV of a level outside it (the outermost with what it
     adds standing in, WholeProblem.standing, for its tile `top.tile`), of its own tile's
     sweeps (`top.inner` for the inner levels: `swept`), of the outermost tile's sweeps
-    (`top.sweeps`, with the intermediates its DV leaves out for an inner level) or of the
-    whole problem whose MU fits (fitting_dv); and at least a chain's outermost blocks at every
+    (`top.sweeps`, with the intermediates its DV leaves out for an inner level), for a core's
+    private caches of the outermost tile spanning that core's share of the parallel loop
+    (`top.cores`: core_sweeps) or of the whole problem whose MU fits (fitting_dv); and at least a chain's outermost blocks at every
     trip where each op's fit but all do not (`top.turns`). Scalars or arrays, innermost level
     first."""
     last = len(dv) - 1
@@ -303,6 +336,8 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     for i, fit in enumerate(caches):
         if fit is not None:
             mine = grown if i == last else [*(top.inner.get(i, []) if top else []), *((d + extra, m) for d, m in grown)]
+            if i in private and top is not None:
+                mine = [*mine, *((d + extra, m) for d, m in top.cores)]
             outside = [*outer[i + 1:], *mine, *([whole[:2]] if whole is not None else [])]
             out[i] = np.minimum(dv[i], fitting_dv(fit, outside))
             if i in private and top is not None:

@@ -16,7 +16,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
-from ..models.objective import INNER_STEPS, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor, private_levels
+from ..models.objective import (
+    INNER_STEPS, core_sweeps, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor, private_levels,
+)
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
 from .space import Space, divisors
@@ -67,6 +69,9 @@ class _Search:
                     ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
+        caches = space.objective.caches
+        # The largest private cache: the outermost tile's per-core sweeps (objective.core_sweeps) fit it.
+        self.core_fit = max((caches[j] for j in private_levels(caches)), default=None) if caches else None
         self.charged: set[int] = set()  # levels whose table this search has paid for
         self.evaluated = 0
 
@@ -269,6 +274,8 @@ class _Search:
             stand_ins = (here,)
             if at_top and sp.objective.caches:  # the outermost tile's sweeps, as effective_dv gives the inner caches
                 grown = outermost(sp.workload, sp.hardware, sp.whole, sp.orders[o], child).sweeps
+                if self.core_fit:
+                    grown = [*grown, *core_sweeps(sp.workload, sp.hardware, sp.orders[o], child, self.core_fit)]
                 stand_ins += tuple((float(d) + sp.whole.intermediates, float(m)) for d, m in grown)
             self._expand(
                 level - 1, (sp.orders[o], *outer_orders), [child, *outer_tiles], rows[r],

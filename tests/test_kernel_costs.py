@@ -303,6 +303,40 @@ def test_an_inner_cache_that_holds_a_sweep_of_the_outermost_tile_keeps_its_reuse
     assert without[2] == dvs[2] and without[1] == charged[1]
 
 
+def test_each_core_keeps_its_share_of_the_parallel_loop_in_its_private_cache():
+    """objective.core_sweeps: outermost tiles of 22 x 128 x 6 walked k, m, n from the outside, on 2
+    cores; the backend runs m (12 trips) in parallel. All of C (1.08 MB) overflows L2's 768 KiB
+    usable share, so every sweep of the shared walk reloads it at each k step. Each core walks
+    its own 6 row tiles, and its half of C with B's 6-row slab (570 KiB) stays in its L2: A and C
+    move once, B once per core, as the simulator counts for the core's tile (132 rows, n whole)
+    with the loop over the cores outermost. (gemm 197x2304x768 in 33x192x6 tiles: L2 was charged
+    4.1 ms of a kernel that ran in 3.3 ms; BENCHMARKS.md, "Core-share session".)"""
+    from simulator import simulate_dv
+
+    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.objective import effective_dv, swept, time_objective, whole_problem
+
+    w, hw = builtin("gemm", {"m": 264, "n": 1024, "k": 96}), AVX2_CACHES.model_copy(update={"cores": 2})
+    orders = [["m", "n", "k"], ["m", "n", "k"], ["m", "n", "k"], ["k", "m", "n"]]
+    tiles = [{"m": 11, "n": 16, "k": 1}, {"m": 11, "n": 16, "k": 6}, {"m": 22, "n": 16, "k": 6},
+             {"m": 22, "n": 128, "k": 6}]
+    caches, whole = time_objective(hw).caches, whole_problem(w, hw)
+    share = {"m": 132, "n": 1024, "k": 6}
+    assert level_usage(w, hw, 3, share) <= caches[2] < level_usage(w, hw, 3, {**share, "m": 264})
+    a, b, c = 264 * 96, 96 * 1024, 264 * 1024
+    assert simulate_dv(w, [["m", "k", "n"]], [share], 0) == 4 * (a + 2 * b + c)
+    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    assert charged_dv(w, hw, dvs, mu, orders, tiles)[2] == 4 * (a + 2 * b + c)
+    # Without the cores' shares, the least stand-in reloads C at each of the 16 k steps.
+    top = swept(w, hw, whole, orders, tiles)
+    without = effective_dv(dvs, mu, caches, whole, top._replace(cores=[]))
+    assert without[2] > 16 * 4 * c
+    # On one core nothing changes.
+    one = AVX2_CACHES.model_copy(update={"cores": 1})
+    assert swept(w, one, whole_problem(w, one), orders, tiles).cores == []
+
+
 def test_buffers_packed_one_after_another_evict_each_other():
     """models/traffic.py: B's and D's buffers (32 KiB each, l padded to 128) are packed at the
     root one after the other. Each alone fits L1's usable share, both do not, so the FMA loops'
