@@ -323,9 +323,9 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     sweeps (`top.inner` for the inner levels: `swept`), of the outermost tile's sweeps
     (`top.sweeps`, with the intermediates its DV leaves out for an inner level), for a core's
     private caches of the outermost tile spanning that core's share of the parallel loop
-    (`top.cores`: core_sweeps) or of the whole problem whose MU fits (fitting_dv); and at least a chain's outermost blocks at every
-    trip where each op's fit but all do not (`top.turns`). Scalars or arrays, innermost level
-    first."""
+    (`top.cores`: core_sweeps) or of the whole problem whose MU fits (fitting_dv); and at least
+    a chain's outermost blocks at every trip where each op's fit but all do not (`top.turns`).
+    Scalars or arrays, innermost level first."""
     last = len(dv) - 1
     outer = [(d + (whole.standing(j, last, top.tile if top else None) if whole is not None else 0.0), m)
              for j, (d, m) in enumerate(zip(dv, mu))]
