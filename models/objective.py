@@ -174,10 +174,10 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.)"""
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))]
-    private = [fits[i] for i in private_levels(fits)]
+    private = private_fit(fits)
     top = outermost(workload, hardware, whole, orders[-1], tiles[-1])._replace(
         private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
-        cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], max(private)) if private else [])
+        cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private) if private else [])
     inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
                                  INNER_STEPS)
              for level, fit in enumerate(fits[:-1]) if fit is not None}
@@ -195,22 +195,23 @@ def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mappin
     stays in its own L2, and the plan ran in 3.3 ms where that charge alone predicts 4.1.)"""
     from .costmodel import data_volume, level_usage
 
-    cores = hardware.cores
+    cores, top = hardware.cores, len(hardware.levels) - 1
     if cores <= 1:
         return []
-    out, taken = [], np.zeros(np.shape(next(iter(tile.values()))), dtype=bool)
-    for x, _ in parallel_candidates(workload, [order, order], workload.ops[-1]):  # the outermost level's
-        trips = np.ceil(workload.dims[x] / np.asarray(tile[x], dtype=np.float64))
-        mine = ~taken & (trips >= cores)
-        taken = taken | mine
+    # The outermost level alone: the backend's pick among its loops (parallel_loops) is made there.
+    pick, trips = parallel_loops(workload, [order, order], [tile, tile], cores)[-1]
+    picked = np.asarray(trips) >= cores
+    out = []
+    for i, (x, _) in enumerate(parallel_candidates(workload, [order, order], workload.ops[-1])):
+        mine = picked & (pick == i)
         if not np.any(mine):
             continue
         share = dict(tile)
         share[x] = np.where(mine, np.minimum(np.ceil(trips / cores) * tile[x], workload.dims[x]), tile[x])
         walk = [x, *(y for y in order if y != x)]
-        dv = data_volume(workload, [walk], [share], levels=[0], hardware=hardware, offset=len(hardware.levels) - 1)[0]
-        found = [(dv, level_usage(workload, hardware, len(hardware.levels) - 1, share)),
-                 *grown_sweeps(workload, hardware, len(hardware.levels) - 1, [walk], [share], workload.dims, fit)]
+        dv = data_volume(workload, [walk], [share], levels=[0], hardware=hardware, offset=top)[0]
+        found = [(dv, level_usage(workload, hardware, top, share)),
+                 *grown_sweeps(workload, hardware, top, [walk], [share], workload.dims, fit)]
         out.extend((np.where(mine, d, np.inf), m) for d, m in found)
     return out
 
@@ -281,6 +282,12 @@ def private_levels(caches: Sequence[int | None]) -> list[int]:
     (Objective.caches): each core's own caches, the hardware caches inside the outermost level,
     which the cores share."""
     return [i for i, fit in enumerate(caches[:-1]) if fit is not None]
+
+
+def private_fit(caches: Sequence[int | None]) -> int | None:
+    """The largest of the private caches (private_levels) of a hierarchy with these hardware caches
+    per level: what a core's share of the outermost tile must fit (core_sweeps). None without one."""
+    return max((caches[i] for i in private_levels(caches)), default=None)
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..models.costmodel import compute_seconds, data_volume, loop_classes, padding_factor, single_level_bound
 from ..models.objective import (
-    INNER_STEPS, core_sweeps, fitting_dv, grown_sweeps, memory_extra, outermost, private_floor, private_levels,
+    INNER_STEPS, core_sweeps, fitting_dv, grown_sweeps, memory_extra, outermost, private_fit, private_floor,
+    private_levels,
 )
 from . import budget
 from .registry import Candidate, Deadline, SolveResult, TopK, register
@@ -69,9 +70,8 @@ class _Search:
                     ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
-        caches = space.objective.caches
-        # The largest private cache: the outermost tile's per-core sweeps (objective.core_sweeps) fit it.
-        self.core_fit = max((caches[j] for j in private_levels(caches)), default=None) if caches else None
+        # What the outermost tile's per-core sweeps (objective.core_sweeps) fit, as swept gives them.
+        self.core_fit = private_fit(space.objective.caches) if space.objective.caches else None
         self.charged: set[int] = set()  # levels whose table this search has paid for
         self.evaluated = 0
 
