@@ -25,13 +25,12 @@ has the figures and what the model would need to see it.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from solve_times import table  # noqa: E402
+from solve_times import all_cores_host, table  # noqa: E402
 
 
 def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
@@ -73,16 +72,7 @@ def main():
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256], help="working sets of B, MiB over all threads")
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    threads = os.cpu_count() or 1
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    from cachetile import hardware_from
-    from cachetile.backends.llvm_build import use_all_cores
-    from cachetile.models.hardware import _cpu_model
-
-    hw = hardware_from("host")
-    use_all_cores(hw)
-    lanes = (hw.vector_bytes or 16) // 4
-    print(f"# {_cpu_model()}, {threads} threads; hardware host: {hw.source}\n")
+    hw, threads, lanes = all_cores_host()
     print("banded stream, ms per call (x the fastest band)\n")
     from cachetile.backends.calibrate import BANDS
 

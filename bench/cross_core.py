@@ -27,12 +27,11 @@ model misses.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from solve_times import table  # noqa: E402
+from solve_times import all_cores_host, table  # noqa: E402
 
 WRITERS = ("one core", "each a half", "each its own", "not written")
 ACCUMULATORS = 8
@@ -82,6 +81,7 @@ def slab_kernel(writer: int, slabs: int, rows: int, reads: int, width: int, thre
 
 
 def slab_rows(slab_bytes: int, slabs: int, reads: int, threads: int, lanes: int, rounds: int):
+    """Table 1's rows: per writer, the best of `rounds` median times with 0, 1 and `reads` reads."""
     import numpy as np
 
     from cachetile.backends.calibrate import _median_seconds, _tensors
@@ -100,6 +100,7 @@ def slab_rows(slab_bytes: int, slabs: int, reads: int, threads: int, lanes: int,
 
 
 def plan_rows(hw, rounds: int):
+    """Table 2's row: DECODE_PLAN's serial and link seconds, predicted and measured."""
     from fidelity import measure_plans
 
     from cachetile import builtin, make_plan
@@ -124,16 +125,7 @@ def main():
     args = ap.parse_args()
     if min(args.slab_kib, args.slabs, args.reads, args.rounds) < 1:
         ap.error("--slab-kib, --slabs, --reads and --rounds must be at least 1")
-    threads = os.cpu_count() or 1
-    os.environ["TVM_NUM_THREADS"] = str(threads)
-    from cachetile import hardware_from
-    from cachetile.backends.llvm_build import use_all_cores
-    from cachetile.models.hardware import _cpu_model
-
-    hw = hardware_from("host")
-    use_all_cores(hw)
-    lanes = (hw.vector_bytes or 16) // 4
-    print(f"# {_cpu_model()}, {threads} threads; hardware host: {hw.source}\n")
+    hw, threads, lanes = all_cores_host()
     print(f"{args.slabs} blocks of {args.slab_kib} KiB, each written then read by every core; ms per call, "
           "GB/s per core\n")
     print(table(["written by", "write only ms", "1 read ms", f"{args.reads} reads ms", "first read GB/s"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -40,6 +41,21 @@ def cli_walls(repeats: int = 3):
             status = doc["solver"]["status"]
         rows.append(("tune " + " ".join(args), f"{min(walls):.2f}", f"{target:.1f}", status, str(len(doc["hardware"]["levels"]))))
     return rows
+
+
+def all_cores_host():
+    """The `host` hardware with TVM on every core, after printing the CPU and where its figures
+    come from: (hardware, threads, float32 lanes of a vector)."""
+    threads = os.cpu_count() or 1
+    os.environ["TVM_NUM_THREADS"] = str(threads)
+    from cachetile import hardware_from
+    from cachetile.backends.llvm_build import use_all_cores
+    from cachetile.models.hardware import _cpu_model
+
+    hw = hardware_from("host")
+    use_all_cores(hw)
+    print(f"# {_cpu_model()}, {threads} threads; hardware host: {hw.source}\n")
+    return hw, threads, (hw.vector_bytes or 16) // 4
 
 
 def table(header, rows):
