@@ -71,7 +71,7 @@ class _Search:
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
         # What the outermost tile's per-core sweeps (objective.core_sweeps) fit, as swept gives them.
-        self.core_fit = private_fit(space.objective.caches) if space.objective.caches else None
+        self.core_fit = private_fit(space.objective.caches)
         self.charged: set[int] = set()  # levels whose table this search has paid for
         self.evaluated = 0
 
