@@ -118,14 +118,26 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
     """Seconds per call of a register-tile kernel, its flops, and its register-tile k steps (all
     threads). With `spills` > 1, that many tiles take turns at every k step, so each stores and
     reloads its accumulators (in L1) at every step."""
+    lib, args, flops, steps = micro_kernel(threads, rows, vectors, lanes, k, spills)
+    # The best of two medians: the peak and register bandwidth are solved from two such times, and
+    # one slowed by another tenant gave a register bandwidth a sixth of the usual on the Xeon.
+    seconds = min(_median_seconds(lib, args) for _ in range(2))
+    return seconds, flops, steps
+
+
+def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spills: int = 0, width: int = 0):
+    """micro_kernel_seconds' kernel, compiled, with its arguments, flops and k steps. With `width`
+    wider than the tiles' columns, B's rows are that many floats apart and the kernel reads the
+    first columns of each (an unpacked B whose panel is narrower than its rows)."""
     import tvm
     from tvm import te
 
     tiles = max(spills, 1)
     cols = vectors * lanes * tiles
     reps = max(1, int(FLOPS_PER_CALL / (threads * 2 * rows * cols * k)))
+    width = max(width, cols)
     A = te.placeholder((threads, rows, k), "float32", name="A")
-    B = te.placeholder((threads, k, cols), "float32", name="B")
+    B = te.placeholder((threads, k, width), "float32", name="B")
     r, kk = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, k), name="k")
     C = te.compute((threads, rows, cols), lambda t, i, j: te.sum(A[t, i, kk] * B[t, kk, j], axis=[r, kk]), name="C")
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
@@ -135,12 +147,9 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
     sch.reorder(t, rr, k_, jt, i, jo, ji)
     lib = _per_thread_accumulators(sch, block, t, rr, [i, jo], ji, threads, "global" if spills > 1 else "local")
     rng = np.random.default_rng(0)
-    args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, cols), "float32"),
+    args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, width), "float32"),
                     np.zeros((threads, rows, cols), "float32"))
-    # The best of two medians: the peak and register bandwidth are solved from two such times, and
-    # one slowed by another tenant gave a register bandwidth a sixth of the usual on the Xeon.
-    seconds = min(_median_seconds(lib, args) for _ in range(2))
-    return seconds, threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
+    return lib, args, threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
 
 
 def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
