@@ -20,14 +20,17 @@ loop, and there the two do not overlap that well. Two tables, on all cores:
 2. gpt-2's projection (gemm 1024x768x768): the plan `tune` returns, which
    streams B's panel unpacked from L2 through its FMA loop, and plans that
    pack a k-block of B into L1 instead, each predicted and measured
-   (bench/fidelity.measure_plans, alternating rounds), beside numpy's
-   np.matmul (the median of 10 calls per round of table 2).
+   (bench/fidelity.measure_plans, alternating rounds), beside numpy
+   (models.measurement.reference: the median of 10 calls per round, timed
+   after the plans). The packed plans need a four-level host (registers,
+   L1, L2, L3); elsewhere the table has the returned plan alone.
 
 BENCHMARKS.md ("L2-feed session") has the figures.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
 
@@ -45,8 +48,6 @@ BLOCKED = [[("mnk", (6, 64, 1)), ("nkm", (6, 64, kc)), ("kmn", (6, 64, kc)), ("n
 def feed_rows(hw, threads: int, lanes: int, rounds: int):
     """Table 1's rows: per register tile, the kernel fed from L1, then from L2 at each spread;
     the kernels timed in turn in each of `rounds` rounds, medians."""
-    import statistics
-
     from cachetile.backends.calibrate import _median_seconds, micro_kernel
 
     l1, l2 = hw.levels[1].capacity_bytes, hw.levels[2].capacity_bytes
@@ -58,16 +59,16 @@ def feed_rows(hw, threads: int, lanes: int, rounds: int):
         feeds = [("L1", max(16, l1 // 4 // panel_row), 1)] + [("L2", deep, spread) for spread in SPREADS]
         for where, k, spread in feeds:
             width = spread * vectors * lanes
-            runs.append((rows, vectors, where, k, width, micro_kernel(threads, rows, vectors, lanes, k, width=width)))
+            runs.append((rows, vectors, panel_row, where, k, width,
+                         micro_kernel(threads, rows, vectors, lanes, k, width=width)))
     times = [[] for _ in runs]
     for _ in range(rounds):
         for seconds, (*_, (lib, args, _, _)) in zip(times, runs):
             seconds.append(_median_seconds(lib, args, repeat=3))
     out, base = [], {}
-    for seconds, (rows, vectors, where, k, width, (_, _, flops, steps)) in zip(times, runs):
+    for seconds, (rows, vectors, panel_row, where, k, width, (_, _, flops, steps)) in zip(times, runs):
         t = statistics.median(seconds)
         base.setdefault((rows, vectors), t / flops)  # the L1-fed kernel comes first
-        panel_row = vectors * lanes * 4
         link = steps * (panel_row + rows * 4) / fill
         out.append([f"{rows}x{vectors}", where, str(k), str(width), f"{k * panel_row >> 10}",
                     f"{k * width * 4 >> 10}", f"{flops / t / 1e9:.0f}",
@@ -85,7 +86,7 @@ def plan_rows(hw, rounds: int):
 
     w = builtin("gemm", GPT2)
     plans = [tune(w, hw, top=0).plan]
-    for spec in BLOCKED:
+    for spec in BLOCKED if len(hw.levels) == len(BLOCKED[0]) else []:
         plans.append(make_plan(w, hw, [list(order) for order, _ in spec], [dict(zip("mnk", t)) for _, t in spec]))
     seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
     arrays, ref = random_inputs(w, seed=1), reference(w)
