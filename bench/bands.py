@@ -30,7 +30,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from solve_times import all_cores_host, table  # noqa: E402
+from solve_times import all_cores_host, plan_spec, table  # noqa: E402
 
 
 def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
@@ -62,8 +62,7 @@ def plan_rows(hw, rounds: int):
         plans.append(tune(w, hw, top=0).plan)
         seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
         for name, plan, s in zip([f"band {b}" for b in bands] + ["tune's plan"], plans, seconds):
-            spec = " | ".join("".join(lp.order) + ":" + ",".join(map(str, lp.tile.values())) for lp in plan.levels)
-            rows.append([f"8x4096x{k}", name, spec, f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
+            rows.append([f"8x4096x{k}", name, plan_spec(plan), f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
     return rows
 
 

@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from solve_times import all_cores_host, table  # noqa: E402
+from solve_times import all_cores_host, gemm_plan, plan_spec, table  # noqa: E402
 
 WRITERS = ("one core", "each a half", "each its own", "not written")
 ACCUMULATORS = 8
@@ -103,16 +103,13 @@ def plan_rows(hw, rounds: int):
     """Table 2's row: DECODE_PLAN's serial and link seconds, predicted and measured."""
     from fidelity import measure_plans
 
-    from cachetile import builtin, make_plan
+    from cachetile import builtin
 
     w = builtin("gemm", {"m": 8, "n": 4096, "k": 1024})
-    orders = [list(order) for order, _ in DECODE_PLAN]
-    tiles = [dict(zip("mnk", tile)) for _, tile in DECODE_PLAN]
-    plan = make_plan(w, hw, orders, tiles)
+    plan = gemm_plan(w, hw, DECODE_PLAN)
     seconds, _ = measure_plans(w, hw, [plan], rounds=rounds)
-    spec = " / ".join(f"{order}:{','.join(map(str, tile))}" for order, tile in DECODE_PLAN)
     links = ", ".join(f"{lv.name} {lv.link_seconds * 1e3:.3f}" for lv in plan.levels)
-    return [["gemm 8x4096x1024", spec, f"{plan.serial_seconds * 1e3:.3f}", links,
+    return [["gemm 8x4096x1024", plan_spec(plan, " / "), f"{plan.serial_seconds * 1e3:.3f}", links,
              f"{plan.predicted_seconds * 1e3:.3f}", f"{seconds[0] * 1e3:.3f}"]]
 
 

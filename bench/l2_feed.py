@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from solve_times import all_cores_host, table  # noqa: E402
+from solve_times import all_cores_host, gemm_plan, plan_spec, table  # noqa: E402
 
 TILES = ((4, 4), (6, 4))  # (rows, vectors) of the register tile: the calibration's, the gpt-2 plan's
 SPREADS = (1, 4, 12)  # B's rows, in panel widths apart
@@ -80,21 +80,20 @@ def plan_rows(hw, rounds: int):
     """Table 2's rows: the returned plan and BLOCKED, predicted and measured, and numpy."""
     from fidelity import measure_plans
 
-    from cachetile import builtin, make_plan, tune
+    from cachetile import builtin, tune
     from cachetile.backends.llvm_measure import _median_seconds
     from cachetile.models.measurement import random_inputs, reference
 
     w = builtin("gemm", GPT2)
     plans = [tune(w, hw, top=0).plan]
     for spec in BLOCKED if len(hw.levels) == len(BLOCKED[0]) else []:
-        plans.append(make_plan(w, hw, [list(order) for order, _ in spec], [dict(zip("mnk", t)) for _, t in spec]))
+        plans.append(gemm_plan(w, hw, spec))
     seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
     arrays, ref = random_inputs(w, seed=1), reference(w)
     numpy = _median_seconds(lambda: ref(arrays), 10 * rounds)
     out = []
     for i, (plan, measured) in enumerate(zip(plans, seconds)):
-        spec = " / ".join(f"{''.join(lv.order)}:{','.join(str(lv.tile[x]) for x in 'mnk')}" for lv in plan.levels)
-        out.append(["returned" if i == 0 else "B packed in L1", spec, f"{plan.levels[1].link_seconds * 1e3:.3f}",
+        out.append(["returned" if i == 0 else "B packed in L1", plan_spec(plan, " / "), f"{plan.levels[1].link_seconds * 1e3:.3f}",
                     f"{plan.serial_seconds * 1e3:.3f}", f"{plan.predicted_seconds * 1e3:.3f}",
                     f"{measured * 1e3:.3f}", f"{numpy / measured:.2f}"])
     return out, numpy

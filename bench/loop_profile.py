@@ -30,7 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 
-from solve_times import table  # noqa: E402
+from solve_times import plan_spec, table  # noqa: E402
 
 INSTRUCTION = re.compile(r"\s+([0-9a-f]+):\s+(\S+)\s*(.*)")
 COLUMNS = ("instructions", "fma", "loads", "stores", "stack")  # per trip of a loop's body (body_mix)
@@ -155,8 +155,7 @@ def main():
         mix = mixes[loop]
         rows.append([f"{loop[0]:#x}-{loop[1]:#x}" if loop else "outside loops", f"{100 * n / total:.1f}",
                      *(mix.get(k, "") for k in COLUMNS)])
-    spec = " | ".join("".join(lv.order) + ":" + ",".join(str(t) for t in lv.tile.values()) for lv in plan.levels)
-    print(f"# {args.kind} {args.dims}, plan {spec}: {per_call * 1e3:.3f} ms per call, {total} kernel samples")
+    print(f"# {args.kind} {args.dims}, plan {plan_spec(plan)}: {per_call * 1e3:.3f} ms per call, {total} kernel samples")
     print(table(["loop", "kernel samples %", *COLUMNS], rows))
     need = w.flops / hw.peak_flops
     print(f"\nFMA loops: {100 * fma_share:.1f}% of the kernel's time; the FLOPs need {need * 1e3:.3f} ms at the "

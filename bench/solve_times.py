@@ -58,6 +58,18 @@ def all_cores_host():
     return hw, threads, (hw.vector_bytes or 16) // 4
 
 
+def plan_spec(plan, sep: str = " | ") -> str:
+    """A plan's levels, registers first, each as its loop order and tile: `mnk:4,64,1`."""
+    return sep.join(f"{''.join(lv.order)}:{','.join(map(str, lv.tile.values()))}" for lv in plan.levels)
+
+
+def gemm_plan(w, hw, levels):
+    """The plan of GEMM `w` whose `levels` (registers first) are (order, (m, n, k) tile) pairs."""
+    from cachetile import make_plan
+
+    return make_plan(w, hw, [list(order) for order, _ in levels], [dict(zip("mnk", tile)) for _, tile in levels])
+
+
 def table(header, rows):
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
     fmt = lambda r: "| " + " | ".join(str(c).ljust(w) for c, w in zip(r, widths)) + " |"  # noqa: E731
