@@ -337,6 +337,31 @@ def test_each_core_keeps_its_share_of_the_parallel_loop_in_its_private_cache():
     assert swept(w, one, whole_problem(w, one), orders, tiles).cores == []
 
 
+def test_a_cores_share_stands_in_only_once_the_loops_inside_it_are_whole():
+    """objective.core_sweeps: 11 x 16 x 1 tiles at every level, walked m, n, k, on 2 cores; the
+    backend runs m (8 trips) in parallel. Each row tile walks all of B's columns (1.5 MB, twice
+    L2's usable share) before the next starts, so B streams into L2 once per row tile, as the
+    simulator counts for the outermost tile's k sweep. A core's four row tiles taken together
+    (44 x 16 x 96, 25 KiB) would read B once: that holds only when n and k run whole inside
+    them. (vit-b/16's MLP in 9x32x1 tiles was charged so and ran 2.8x the prediction.)"""
+    from simulator import simulate_dv
+
+    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.objective import swept, time_objective, whole_problem
+
+    w, hw = builtin("gemm", {"m": 88, "n": 4096, "k": 96}), AVX2_CACHES.model_copy(update={"cores": 2})
+    orders, tiles = [["m", "n", "k"]] * 4, [{"m": 11, "n": 16, "k": 1}] * 4
+    caches = time_objective(hw).caches
+    a, b, c = 88 * 96, 96 * 4096, 88 * 4096
+    assert level_usage(w, hw, 3, {"m": 44, "n": 16, "k": 96}) <= caches[2] < 4 * b
+    sweep = simulate_dv(w, [["m", "n", "k"]], [{"m": 11, "n": 16, "k": 96}], 0)
+    assert sweep == 4 * (a + 8 * b + c)
+    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    assert charged_dv(w, hw, dvs, mu, orders, tiles)[1:3] == [sweep, sweep]
+    assert all(d == float("inf") for d, _ in swept(w, hw, whole_problem(w, hw), orders, tiles).cores)
+
+
 def test_buffers_packed_one_after_another_evict_each_other():
     """models/traffic.py: B's and D's buffers (32 KiB each, l padded to 128) are packed at the
     root one after the other. Each alone fits L1's usable share, both do not, so the FMA loops'
