@@ -191,8 +191,9 @@ def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mappin
     the tile spans them and the loop over the cores' shares runs outermost; then that tile grown
     along its innermost loops (grown_sweeps) while it fits `fit`. Only tiles in which the loops
     inside that loop (in `order`) are whole count. Arrays allowed; no sweeps on one core.
-    (gemm 197x2304x768 in 33x192x6 outermost tiles, k outermost: all of C, 1.8 MB, overflows L2, and the refill rule reloads it at every k step, 243 MB; each core's half of C
-    stays in its own L2, and the plan ran in 3.3 ms where that charge alone predicts 4.1.)"""
+    (gemm 197x2304x768 in 33x192x6 outermost tiles, k outermost: all of C, 1.8 MB, overflows
+    L2, and the refill rule reloads it at every k step, 243 MB; each core's half of C stays in
+    its own L2, and the plan ran in 3.3 ms where that charge alone predicts 4.1.)"""
     from .costmodel import data_volume, level_usage
 
     cores, top = hardware.cores, len(hardware.levels) - 1
