@@ -211,6 +211,14 @@ SWEPT_TILES = [{"m": 5, "l": 16, "k": 1, "n": 16}, {"m": 5, "l": 113, "k": 64, "
                dict(SWEPT_CHAIN.dims), dict(SWEPT_CHAIN.dims)]
 
 
+def _dv_and_mu(w, hw, orders, tiles) -> tuple[list[float], list[float]]:
+    """Each level's DV and MU, innermost first: what charged_dv and effective_dv take."""
+    from cachetile.models.costmodel import data_volume, level_usage
+
+    return ([float(d) for d in data_volume(w, orders, tiles, hardware=hw)],
+            [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)])
+
+
 def test_an_inner_cache_keeps_the_sweep_of_its_innermost_loop():
     """objective.swept: Accera's rule reloads D's four blocks with every 5-row L1 tile; an L1
     that holds the tile grown along n (32 468 B of its 32 KiB usable share) keeps D across the
@@ -219,7 +227,7 @@ def test_an_inner_cache_keeps_the_sweep_of_its_innermost_loop():
     The grown tile's DV is the brute-force simulator's."""
     from simulator import simulate_dv
 
-    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.costmodel import level_usage
     from cachetile.models.objective import swept, time_objective, whole_problem
 
     w, hw, orders, tiles = SWEPT_CHAIN, AVX2_CACHES, SWEPT_ORDERS, SWEPT_TILES
@@ -231,8 +239,8 @@ def test_an_inner_cache_keeps_the_sweep_of_its_innermost_loop():
     (dv, mu), *_ = swept(w, hw, whole, orders, tiles).inner[1]
     assert (dv, mu) == (held, level_usage(w, hw, 1, grown[1]))
     assert mu <= time_objective(hw).caches[1] < min(level_usage(w, hw, 1, tiles[2]), whole.mu)
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
-    charged = charged_dv(w, hw, dvs, [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)], orders, tiles)
+    dvs, mu = _dv_and_mu(w, hw, orders, tiles)
+    charged = charged_dv(w, hw, dvs, mu, orders, tiles)
     assert (dvs[1], charged[1]) == (own, held)
 
 
@@ -246,7 +254,7 @@ def test_a_cache_that_cannot_hold_a_chains_outermost_blocks_reloads_them_at_ever
     ran 1.5x as long as a plan predicted 3% slower while L2 was charged that reuse.)"""
     from simulator import simulate_dv
 
-    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.costmodel import level_usage
     from cachetile.models.objective import effective_dv, held_bytes, swept, time_objective, turns, whole_problem
 
     w, hw = builtin("gemm-chain", {"m": 48, "l": 2048, "k": 64, "n": 64}), AVX2_CACHES
@@ -257,9 +265,8 @@ def test_a_cache_that_cannot_hold_a_chains_outermost_blocks_reloads_them_at_ever
     each = level_usage(w, hw, 3, top)
     assert held_bytes(w, top) == every and turns(w, top) == (each, every, 8)
     assert each <= time_objective(hw).caches[2] < every
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    dvs, mu = _dv_and_mu(w, hw, orders, tiles)
     assert dvs[2] == simulate_dv(w, orders, tiles, 2) < 8 * every
-    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
     assert charged_dv(w, hw, dvs, mu, orders, tiles)[2] == 8 * every
     # Without the turns, the outermost tile's reuse (K and V once) stood in for L2.
     whole = whole_problem(w, hw)
@@ -281,7 +288,7 @@ def test_an_inner_cache_that_holds_a_sweep_of_the_outermost_tile_keeps_its_reuse
     11.2 ms; BENCHMARKS.md, "Outer-sweep session".)"""
     from simulator import simulate_dv
 
-    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.costmodel import level_usage
     from cachetile.models.objective import effective_dv, swept, time_objective, whole_problem
 
     w, hw = builtin("gemm", {"m": 176, "n": 1024, "k": 160}), AVX2_CACHES
@@ -293,9 +300,8 @@ def test_an_inner_cache_that_holds_a_sweep_of_the_outermost_tile_keeps_its_reuse
     assert level_usage(w, hw, 3, grown) <= caches[2] < whole.mu
     once = 4 * (176 * 160 + 160 * 1024 + 176 * 1024)  # A, B and C, each moved once
     assert simulate_dv(w, [orders[-1]], [grown], 0) == once
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    dvs, mu = _dv_and_mu(w, hw, orders, tiles)
     assert dvs[2] == simulate_dv(w, orders, tiles, 2) > 10 * once
-    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
     charged = charged_dv(w, hw, dvs, mu, orders, tiles)
     assert charged[2] == once
     # Without the outermost tile's sweeps, nothing stood in for L2 below its own DV; L1 is as it was.
@@ -313,7 +319,7 @@ def test_each_core_keeps_its_share_of_the_parallel_loop_in_its_private_cache():
     4.1 ms of a kernel that ran in 3.3 ms; BENCHMARKS.md, "Core-share session".)"""
     from simulator import simulate_dv
 
-    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.costmodel import level_usage
     from cachetile.models.objective import effective_dv, swept, time_objective, whole_problem
 
     w, hw = builtin("gemm", {"m": 264, "n": 1024, "k": 96}), AVX2_CACHES.model_copy(update={"cores": 2})
@@ -325,8 +331,7 @@ def test_each_core_keeps_its_share_of_the_parallel_loop_in_its_private_cache():
     assert level_usage(w, hw, 3, share) <= caches[2] < level_usage(w, hw, 3, {**share, "m": 264})
     a, b, c = 264 * 96, 96 * 1024, 264 * 1024
     assert simulate_dv(w, [["m", "k", "n"]], [share], 0) == 4 * (a + 2 * b + c)
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
-    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    dvs, mu = _dv_and_mu(w, hw, orders, tiles)
     assert charged_dv(w, hw, dvs, mu, orders, tiles)[2] == 4 * (a + 2 * b + c)
     # Without the cores' shares, the least stand-in reloads C at each of the 16 k steps.
     top = swept(w, hw, whole, orders, tiles)
@@ -346,7 +351,7 @@ def test_a_cores_share_stands_in_only_once_the_loops_inside_it_are_whole():
     them. (vit-b/16's MLP in 9x32x1 tiles was charged so and ran 2.8x the prediction.)"""
     from simulator import simulate_dv
 
-    from cachetile.models.costmodel import data_volume, level_usage
+    from cachetile.models.costmodel import level_usage
     from cachetile.models.objective import swept, time_objective, whole_problem
 
     w, hw = builtin("gemm", {"m": 88, "n": 4096, "k": 96}), AVX2_CACHES.model_copy(update={"cores": 2})
@@ -356,8 +361,7 @@ def test_a_cores_share_stands_in_only_once_the_loops_inside_it_are_whole():
     assert level_usage(w, hw, 3, {"m": 44, "n": 16, "k": 96}) <= caches[2] < 4 * b
     sweep = simulate_dv(w, [["m", "n", "k"]], [{"m": 11, "n": 16, "k": 96}], 0)
     assert sweep == 4 * (a + 8 * b + c)
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
-    mu = [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)]
+    dvs, mu = _dv_and_mu(w, hw, orders, tiles)
     assert charged_dv(w, hw, dvs, mu, orders, tiles)[1:3] == [sweep, sweep]
     assert all(d == float("inf") for d, _ in swept(w, hw, whole_problem(w, hw), orders, tiles).cores)
 
@@ -368,14 +372,12 @@ def test_buffers_packed_one_after_another_evict_each_other():
     first reads miss again: L1 takes each copy's writes and its buffer's fetch for ownership,
     with no read credited (valgrind, chain 2x97x113: 0.76 MiB missed; 0.55 expected with the
     credit, 0.72 without)."""
-    from cachetile.models.costmodel import data_volume, level_usage
     from cachetile.models.traffic import expected_traffic
 
     w, hw, orders, tiles = SWEPT_CHAIN, AVX2_CACHES, SWEPT_ORDERS, SWEPT_TILES
     copies = kernel_costs(w, hw, orders, tiles).copies
     assert copies == [("B", 3, 64 * 128 * 4, 64 * 128 * 4, None), ("D", 3, 128 * 64 * 4, 128 * 64 * 4, None)]
-    dvs = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
-    charged = charged_dv(w, hw, dvs, [float(level_usage(w, hw, j, t)) for j, t in enumerate(tiles)], orders, tiles)
+    charged = charged_dv(w, hw, *_dv_and_mu(w, hw, orders, tiles), orders, tiles)
     assert expected_traffic(w, hw, orders, tiles)[1] == charged[1] + 2 * (2 * 32768)
 
 
