@@ -221,7 +221,7 @@ def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mappin
         # 22 MB, and it ran in 6.5 ms, 2.8x the prediction (Intel Xeon, 2 cores).
         inside = order[order.index(x) + 1:]
         split = sum(np.asarray(tile[y]) < workload.dims[y] for y in inside)
-        out.extend((np.where(mine & (i >= split), d, np.inf), m) for i, (d, m) in enumerate(found))
+        out.extend((np.where(mine & (step >= split), d, np.inf), m) for step, (d, m) in enumerate(found))
     return out
 
 
