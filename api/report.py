@@ -85,6 +85,8 @@ def format_hardware(hw: Hardware) -> str:
             lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
         if hw.prefetch_streams:
             lines.append(f"  rows read in turn that still stream as runs: {hw.prefetch_streams}")
+        if hw.stride_stall:
+            lines.append(f"  stall on rows read in place, by stride, of their L1 link time: {_reach(hw.stride_stall)}")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -118,6 +120,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
     if profile.prefetch_streams:
         rows.append(("rows read in turn", "any number", "-", str(profile.prefetch_streams)))
+    if profile.stride_stall:
+        rows.append(("stall by row stride", "none", "-", _reach(profile.stride_stall)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

@@ -38,6 +38,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   rows the hardware prefetcher follows at once, the time steps up (1.6-1.9x
   from 32 to 64 rows on the Intel Xeon of BENCHMARKS.md), and the band
   before that step is the profile's prefetch_streams;
+- the 4x4 micro-kernel reading B from L2 (a panel a quarter deeper than L1
+  holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
+  timed in turn on all cores: what each stride adds, as a share of the L1
+  link's time for B's bytes (the profile's stride_stall);
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -73,6 +77,10 @@ ROW_BYTES = 16384  # the strided stream's rows
 BANDS = (8, 16, 32, 64, 128, 256)  # rows the banded micro-kernel reads in turn (band_seconds)
 BAND_ROUNDS = 2
 BAND_STEP = 1.15  # a band this much slower than the one before marks the prefetcher's limit
+# B's rows, in panel widths apart: 1, 2, 3 and 12 KiB for a 64-float panel. Not a multiple of
+# 4 KiB, whose rows crowd a few sets of every cache: that is the sets' limit, not the stream's.
+STRIDE_SPREADS = (4, 8, 12, 48)
+STRIDE_ROUNDS = 3
 
 
 def _target(threads: int):
@@ -150,6 +158,28 @@ def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spil
     args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, width), "float32"),
                     np.zeros((threads, rows, cols), "float32"))
     return lib, args, threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
+
+
+def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=STRIDE_SPREADS,
+                  rounds: int = STRIDE_ROUNDS) -> list[tuple[float, float]]:
+    """(B's row stride in bytes, share) for the 4x4 micro-kernel reading B from L2 with its rows
+    contiguous (share 0), then `spreads` panel widths apart: the time each adds to the contiguous
+    kernel's, over the time the link filling L1 (`fill`, bytes/s) takes for B's bytes. B is a
+    quarter deeper than L1 holds, so it streams from L2, but no deeper: rows far apart use a few of
+    L2's sets, and a deep B would overflow those as well (12 KiB rows 256, 384 and 768 deep: 0.32,
+    1.95 and 4.75 on the Intel Xeon of BENCHMARKS.md). The kernels are timed in turn in each round."""
+    rows, vectors = next(iter(LOADS))
+    panel = vectors * lanes * 4
+    k = -(-5 * l1_bytes // 4 // panel)
+    kernels = [micro_kernel(threads, rows, vectors, lanes, k, width=s * vectors * lanes) for s in (1, *spreads)]
+    times = [[] for _ in kernels]
+    for _ in range(rounds):
+        for seconds, (lib, args, _, _) in zip(times, kernels):
+            seconds.append(_median_seconds(lib, args, repeat=3))
+    medians = [statistics.median(t) for t in times]
+    link = kernels[0][3] * panel / fill
+    return [(float(panel), 0.0)] + [(float(s * panel), max((t - medians[0]) / link, 0.0))
+                                    for s, t in zip(spreads, medians[1:])]
 
 
 def stream_bandwidth(threads: int, bytes_per_thread: int, lanes: int) -> float:
@@ -381,7 +411,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 2  # and the reach's, once the sweep is done
+    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 3  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -436,6 +466,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
     step(f"bands of rows on {cores} core(s)")
     # Over half the last cache, as the L3 stream: a decode step's weights, warm or not, are read alike.
     prefetch = fit_streams(band_seconds(cores, last // 2 // cores, lanes))
+    strides = None
+    if len(hw.levels) > 2:
+        step(f"rows read apart from L2 on {cores} core(s)")
+        strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -454,5 +488,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        prefetch_streams=prefetch,
+        prefetch_streams=prefetch, stride_stall=strides,
     )

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput, one_line_errors
-from .profile import Profile, ReachPoints, load_profile, machine_key, profile_path
+from .profile import Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
 from .workload import Dtype
 
 
@@ -93,6 +93,11 @@ class Hardware(BaseModel):
         None, ge=1, description="CPU: rows of an unpacked input the micro-kernel may read in turn and still have "
                                 "each row stream as one run across the blocks that continue it (what the hardware "
                                 "prefetcher follows at once); none until calibrated: any number")
+    stride_stall: StridePoints = Field(
+        None, description="SIMD CPU: per row stride in bytes (increasing), what an FMA loop reading an input in place, "
+                          "its rows that far apart, stalls for beside a contiguous read, as a share of the L1 fill "
+                          "link's time for the bytes it reads (kernel_costs.stride_stall); none until calibrated: "
+                          "no stall")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -311,6 +316,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
         **({"prefetch_streams": profile.prefetch_streams} if profile.prefetch_streams else {}),
+        **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

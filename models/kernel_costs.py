@@ -17,6 +17,11 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   128-byte and 1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on
   both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed),
   a share of that growing with the input's size (`run_start_reach`);
+- inputs read in place whose rows lie apart (an unpacked B whose register
+  tile reads a 64-float piece of each 768-float row): the FMA loop fetches a
+  new row at every step, and the prefetchers follow such rows less well the
+  farther apart they lie, so the loop stalls for a share of the L1 link's
+  time for those bytes (`stride_stall`, calibrated per stride);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;
@@ -38,8 +43,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import copied_out, effective_tiles, holder_block, input_caches, outer_shared, output_plan, trips, walk
-from .costmodel import parallel_candidates, parallel_loops
+from .caches import (copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared, output_plan,
+                     read_once, trips, walk)
+from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .profile import RUN_BYTES, SHORT_RUN_BYTES
 from .workload import Workload
@@ -61,6 +67,9 @@ class KernelCosts:
     # inputs streamed unpacked whose runs pay a share of a run start (run_start_reach): (tensor,
     # contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
+    # inputs read in place a piece of each row at a time (strided_inputs): (tensor, bytes its rows
+    # lie apart, bytes it streams into L1, the share of their L1 link time the FMA loop stalls for)
+    strides: list[tuple[str, int, float, float]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
@@ -133,6 +142,12 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
+    strided = strided_inputs(workload, hardware, orders, tiles, eff, padded, copied, parallel)
+    weight = compute_weight(workload, hardware, orders, tiles) if strided else 0.0
+    for name, stride, nbytes, share in strided:
+        costs.strides.append((name, stride, nbytes, share))
+        costs.stream_bytes[1] += nbytes * share * weight
+        costs.copy_seconds += nbytes * share * weight / hardware.levels[1].bandwidth_bytes_per_s
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
@@ -156,6 +171,70 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, padded, copied, split):
+    """(tensor, row stride in bytes, bytes into L1, stride_stall share) of each input the
+    micro-kernel reads in place (none of its caches copies it) a piece of a row at a time: its
+    vectorised dim is its last, its runs (contiguous_run; `split`: _parallel_positions) are
+    shorter than its rows, and it is read more than once (read_once inputs stream from memory, charged by their runs).
+    Only where the hierarchy has an L1 and the profile has stride_stall figures."""
+    if not hardware.stride_stall or len(tiles) < 3:
+        return []
+    found = []
+    for op in workload.ops:
+        vector = micro_order(workload, op)[-1]
+        for name in op.inputs:
+            t = workload.tensors[name]
+            if t.role != "input" or not t.plain or name in copied or t.dims[-1] != vector:
+                continue
+            if read_once(workload, op, name, eff, padded):
+                continue
+            run = contiguous_run(workload, orders, op, name, eff, padded, split.get(op.name, (None,))[0],
+                                 hardware.cores, hardware.prefetch_streams)
+            if run >= padded[t.dims[-1]]:
+                continue  # whole rows, one after another
+            stride = workload.dims[t.dims[-1]] * workload.elem_bytes  # the array's own rows: read in place
+            share = stride_stall(hardware, stride)
+            if share > 0:
+                nbytes = float(data_volume(workload, orders, tiles, levels=[1], only=[name])[0])
+                found.append((name, stride, nbytes, share))
+    return found
+
+
+def compute_weight(workload: Workload, hardware: Hardware, orders, tiles) -> float:
+    """How much of a stall in the FMA loop reaches the plan's time: d(time)/d(compute) where
+    compute overlaps the links in the target's norm (1 for the slowest alone), taken against
+    the one link every plan pays, the compulsory traffic from memory. A stall in a loop waiting
+    on memory anyway costs little: gpt-2's decode step (16x3072x768) read B's 12 KiB rows in
+    place in 0.33 ms, as predicted without a stall; charged in full, the stall tipped the search
+    to a plan that ran in 0.46."""
+    compute = float(compute_seconds(workload, hardware, orders, tiles))
+    nbytes = sum(workload.size(name) for name, t in workload.tensors.items() if t.role != "intermediate")
+    memory = nbytes * workload.elem_bytes / hardware.levels[-1].bandwidth_bytes_per_s
+    norm = hardware.target.overlap_norm
+    if math.isinf(norm):
+        return 1.0 if compute >= memory else 0.0
+    return (compute / (compute ** norm + memory ** norm) ** (1 / norm)) ** (norm - 1) if compute > 0 else 0.0
+
+
+def stride_stall(hardware: Hardware, stride: float) -> float:
+    """The share of the L1 link's time for an input's bytes that an FMA loop reading its rows
+    `stride` bytes apart stalls for beyond a contiguous read (Hardware.stride_stall: linear in
+    the log of the stride between the strides calibrated, the nearer point's outside them).
+
+    The L2 prefetcher follows a stream within a 4 KiB page, so rows that share a page are
+    fetched ahead and rows each in a page of their own are not. On the Intel Xeon of
+    BENCHMARKS.md (2 cores), the calibration's 4x4 micro-kernel reading 256 bytes of each row
+    from L2 added 0.02, 0.14, 0.24 and 0.32 of that link time with rows 1, 2, 3 and 12 KiB apart;
+    gpt-2's projection (1024x768x768) read B's 768-float rows in place in 3.57 ms, and 3.32 ms
+    with each 64-column panel of B packed (numpy 3.18), though the model had ranked the first
+    ahead by the pack's 0.05 ms ("Stride session")."""
+    points = hardware.stride_stall
+    if not points:
+        return 0.0
+    strides, shares = zip(*points)
+    return float(np.interp(math.log(stride), np.log(strides), shares))
 
 
 def run_start(hardware: Hardware, run_bytes: float) -> float:

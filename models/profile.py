@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 from typing import Annotated
 
@@ -29,22 +30,29 @@ from .errors import InvalidInput
 SHORT_RUN_BYTES, RUN_BYTES = 128, 1024
 
 
-def _reach_points(points):
-    """Sizes > 0, finite and increasing, each with a share in [0, 1] (kernel_costs.run_start_reach
-    interpolates between them in log size)."""
-    if points is not None:
-        sizes = [size for size, _ in points]
-        if not points or any(not 0 < b < float("inf") for b in sizes) or sizes != sorted(set(sizes)):
-            raise ValueError("run_start_reach needs sizes > 0, finite and increasing")
-        if any(not 0 <= share <= 1 for _, share in points):
-            raise ValueError("run_start_reach shares must be between 0 and 1")
-    return points
+def _points(field: str, what: str, top: float, shares: str):
+    """A validator of (x, share) points: x > 0, finite and increasing (`what` names them), each
+    share in [0, top] (`shares` says so in the error); the model interpolates between them in log x."""
+    def check(points):
+        if points is not None:
+            xs = [x for x, _ in points]
+            if not points or any(not 0 < x < float("inf") for x in xs) or xs != sorted(set(xs)):
+                raise ValueError(f"{field} needs {what} > 0, finite and increasing")
+            if any(not 0 <= share <= top for _, share in points):
+                raise ValueError(f"{field} shares must be {shares}")
+        return points
+    return AfterValidator(check)
 
 
 # Checked where a profile loads as well as on the hardware: a hand-edited profile with shares out
 # of order is then ignored like any unreadable one (the assumed figures apply) instead of reaching
 # the model through apply_profile's model_copy, which validates nothing.
-ReachPoints = Annotated[list[tuple[float, float]] | None, AfterValidator(_reach_points)]
+# kernel_costs.run_start_reach: per input size
+ReachPoints = Annotated[list[tuple[float, float]] | None, _points("run_start_reach", "sizes", 1.0, "between 0 and 1")]
+# kernel_costs.stride_stall: per row stride
+StridePoints = Annotated[list[tuple[float, float]] | None,
+                         _points("stride_stall", "strides", sys.float_info.max, "finite and >= 0")]
+
 
 class Figure(BaseModel):
     """One quantity measured on one core and on all cores."""
@@ -106,6 +114,11 @@ class Profile(BaseModel):
         None, ge=1, description="the most rows of a large array a micro-kernel reads in bands (each row in turn, "
                                 "along the rows) while staying near the speed of the narrowest band; none in older "
                                 "profiles: any number")
+    stride_stall: StridePoints = Field(
+        None, description="per row stride in bytes (increasing), the time an FMA loop reading its vector input's "
+                          "rows that far apart from L2 adds over reading them contiguous, as a share of the L1 fill "
+                          "link's time for those bytes (all cores); the first point is the contiguous read, 0; none "
+                          "in older profiles: no stall")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (BAND_STEP, BANDS, LOADS, fit_accumulators, fit_last_level,
+from cachetile.backends.calibrate import (BAND_STEP, BANDS, LOADS, STRIDE_SPREADS, fit_accumulators, fit_last_level,
                                           fit_peak_and_registers, fit_reach, fit_run_start, fit_streams,
                                           last_level_sizes, reach_sizes)
 from cachetile.models.errors import InvalidInput
@@ -26,7 +26,8 @@ def _profile(key: str) -> Profile:
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
-                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], prefetch_streams=32)
+                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], prefetch_streams=32,
+                   stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)])
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -45,6 +46,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
     assert (hw.prefetch_streams, assumed.prefetch_streams) == (32, None)
     assert "rows read in turn that still stream as runs: 32" in format_hardware(hw)
+    assert (hw.stride_stall, assumed.stride_stall) == ([(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)], None)
+    assert "by stride, of their L1 link time: 256 B 0%, 1 KiB 5%, 3 KiB 25%" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -172,6 +175,9 @@ def test_calibrate_from_the_command_line(tmp_path):
     sizes, shares = zip(*profile.run_start_reach)
     assert list(sizes) == sorted(set(sizes)) and shares[0] == 0.0 and shares[-1] == 1.0
     assert list(shares) == sorted(shares)
+    strides, stalls = zip(*profile.stride_stall)
+    assert list(strides) == sorted(set(strides)) and stalls[0] == 0.0 and all(np.isfinite(stalls))
+    assert min(stalls) >= 0 and len(strides) == 1 + len(STRIDE_SPREADS)
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)

@@ -719,3 +719,62 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
               if line.split() and line.split()[0] in {lv.name for lv in hw.levels}]
     assert len(shares) == 4 and max(shares) <= 100.0
     assert shares[2] == pytest.approx(100 * l2.link_seconds / plan.predicted_seconds, abs=0.05)
+
+
+# gpt-2's projection in small (its returned plan before the stride stall): B's 768-float rows lie
+# 3 KiB apart, and every 6x64 register tile reads a 64-float piece of each of them from L2.
+STRIDED = builtin("gemm", {"m": 96, "n": 768, "k": 64})
+STRIDED_ORDERS = [list("mnk"), list("mnk"), list("nmk"), list("mnk")]
+STRIDED_TILES = [{"m": 6, "n": 64, "k": 1}] * 3 + [{"m": 96, "n": 768, "k": 64}]
+
+
+def _strided_hardware(stalls) -> Hardware:
+    """Registers, L1, L2 and L3 of an AVX-512 CPU on 2 cores, with the stride stalls `stalls`."""
+    return Hardware(name="cpu", peak_flops=5e11, cores=2, vector_bytes=64, stride_stall=stalls, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=4e12),
+        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
+        Level(name="L2", capacity_bytes=1 << 21, bandwidth_bytes_per_s=6e10, ways=16),
+        Level(name="L3", capacity_bytes=1 << 27, bandwidth_bytes_per_s=3e10, ways=16)])
+
+
+def test_an_input_read_in_place_a_piece_of_each_row_at_a_time_stalls_by_its_stride():
+    """B is read where it lies, 64 floats of each 3 KiB row per register tile: the FMA loop stalls
+    for the share calibrated at 3 KiB of the L1 link's time for B's bytes into L1 (the
+    simulator's count), times how much compute sets the plan's time: d/dc of the 4-norm of
+    compute and the compulsory memory link (a finite difference). None without figures, for a
+    packed B, for a B read once, or for rows read whole one after another."""
+    from simulator import simulate_dv
+
+    from cachetile.models.costmodel import compute_seconds, overlapped
+    from cachetile.models.kernel_costs import stride_stall
+
+    stalls = [(256.0, 0.0), (3072.0, 0.25), (12288.0, 0.5)]
+    hw = _strided_hardware(stalls)
+    assert stride_stall(hw, 6144.0) == pytest.approx(0.375, rel=1e-12)  # halfway in the log of the stride
+    assert [stride_stall(hw, b) for b in (128.0, 65536.0)] == [0.0, 0.5]
+    costs = kernel_costs(STRIDED, hw, STRIDED_ORDERS, STRIDED_TILES)
+    plain = kernel_costs(STRIDED, _strided_hardware(None), STRIDED_ORDERS, STRIDED_TILES)
+    streamed = simulate_dv(STRIDED, STRIDED_ORDERS, STRIDED_TILES, 1, ["B"])
+    assert streamed == 16 * 64 * 768 * 4  # all of B for each of the 16 row tiles
+    assert costs.strides == [("B", 3072, streamed, 0.25)] and plain.strides == []
+    compute = float(compute_seconds(STRIDED, hw, STRIDED_ORDERS, STRIDED_TILES))
+    memory = (96 * 64 + 64 * 768 + 96 * 768) * 4 / 3e10
+    h = compute * 1e-6
+    weight = float(overlapped([compute + h, memory], 4.0) - overlapped([compute - h, memory], 4.0)) / (2 * h)
+    assert 0.5 < weight < 1
+    assert costs.seconds - plain.seconds == pytest.approx(streamed * 0.25 * weight / 4e11, rel=1e-6)
+    assert costs.stream_bytes[1] - plain.stream_bytes[1] == pytest.approx(streamed * 0.25 * weight, rel=1e-6)
+    # B packed: its L3 blocks are 64-column panels, which the layout stores contiguously.
+    panels = STRIDED_TILES[:3] + [{"m": 96, "n": 64, "k": 64}]
+    packed = kernel_costs(STRIDED, hw, STRIDED_ORDERS, panels)
+    assert "B" in {c[0] for c in packed.copies} and packed.strides == []
+    # Every row of C in the register tile: B is read once, from memory (its runs are charged).
+    once = [{"m": 96, "n": 64, "k": 1}] * 3 + [{"m": 96, "n": 768, "k": 64}]
+    assert kernel_costs(STRIDED, hw, STRIDED_ORDERS, once).strides == []
+    # Register tiles walking along B's rows before k: whole rows, one after another.
+    along = [list("mnk"), list("mnk"), list("mkn"), list("mkn")]
+    assert kernel_costs(STRIDED, hw, along, STRIDED_TILES).strides == []
+    with pytest.raises(ValueError, match="stride_stall needs strides > 0, finite and increasing"):
+        hw.model_validate({**hw.model_dump(), "stride_stall": [(3072.0, 0.25), (256.0, 0.0)]})
+    with pytest.raises(ValueError, match="stride_stall shares must be finite and >= 0"):
+        hw.model_validate({**hw.model_dump(), "stride_stall": [(256.0, float("inf"))]})
