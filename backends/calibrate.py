@@ -77,10 +77,11 @@ ROW_BYTES = 16384  # the strided stream's rows
 BANDS = (8, 16, 32, 64, 128, 256)  # rows the banded micro-kernel reads in turn (band_seconds)
 BAND_ROUNDS = 2
 BAND_STEP = 1.15  # a band this much slower than the one before marks the prefetcher's limit
-# B's rows, in panel widths apart: 1, 2, 3 and 12 KiB for a 64-float panel. Not a multiple of
-# 4 KiB, whose rows crowd a few sets of every cache: that is the sets' limit, not the stream's.
-STRIDE_SPREADS = (4, 8, 12, 48)
-STRIDE_ROUNDS = 3
+# B's rows, in panel widths apart: 1, 2 and 3 KiB for a 64-float panel. Rows farther apart crowd
+# fewer of L2's sets, and which ones depends on where the pages land: on the Intel Xeon of
+# BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.19 to 0.24.
+STRIDE_SPREADS = (4, 8, 12)
+STRIDE_ROUNDS = 5
 
 
 def _target(threads: int):
