@@ -79,7 +79,7 @@ BAND_ROUNDS = 2
 BAND_STEP = 1.15  # a band this much slower than the one before marks the prefetcher's limit
 # B's rows, in panel widths apart: 1, 2 and 3 KiB for a 64-float panel. Rows farther apart crowd
 # fewer of L2's sets, and which ones depends on where the pages land: on the Intel Xeon of
-# BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.19 to 0.24.
+# BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
 STRIDE_SPREADS = (4, 8, 12)
 STRIDE_ROUNDS = 5
 

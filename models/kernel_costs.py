@@ -226,7 +226,7 @@ def stride_stall(hardware: Hardware, stride: float) -> float:
     The L2 prefetcher follows a stream within a 4 KiB page, so rows that share a page are
     fetched ahead and rows each in a page of their own are not. On the Intel Xeon of
     BENCHMARKS.md (2 cores), the calibration's 4x4 micro-kernel reading 256 bytes of each row
-    from L2 added 0.00-0.01, 0.11-0.13 and 0.19-0.24 of that link time with rows 1, 2 and 3 KiB
+    from L2 added 0-0.01, 0-0.13 and 0.13-0.24 of that link time with rows 1, 2 and 3 KiB
     apart (farther apart, 0.13 to 0.89 as the pages fell; the calibration stops at 3 KiB);
     gpt-2's projection (1024x768x768) read B's 768-float rows in place in 3.57 ms, and 3.32 ms
     with each 64-column panel of B packed (numpy 3.18), though the model had ranked the first
