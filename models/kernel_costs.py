@@ -177,8 +177,9 @@ def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, p
     """(tensor, row stride in bytes, bytes into L1, stride_stall share) of each input the
     micro-kernel reads in place (none of its caches copies it) a piece of a row at a time: its
     vectorised dim is its last, its runs (contiguous_run; `split`: _parallel_positions) are
-    shorter than its rows, and it is read more than once (read_once inputs stream from memory, charged by their runs).
-    Only where the hierarchy has an L1 and the profile has stride_stall figures."""
+    shorter than its rows, and it is read more than once (read_once inputs stream from memory,
+    charged by their runs). Only where the hierarchy has an L1 and the profile has stride_stall
+    figures."""
     if not hardware.stride_stall or len(tiles) < 3:
         return []
     found = []
