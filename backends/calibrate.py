@@ -161,6 +161,17 @@ def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spil
     return lib, args, threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
 
 
+def seconds_in_turn(kernels, rounds: int) -> list[float]:
+    """Seconds per call of each of `kernels` (micro_kernel's tuples: library and arguments first),
+    timed one after the other in each of `rounds` rounds, the median over the rounds: a change in
+    the machine's speed then falls on all of them alike."""
+    times = [[] for _ in kernels]
+    for _ in range(rounds):
+        for seconds, (lib, args, *_) in zip(times, kernels):
+            seconds.append(_median_seconds(lib, args, repeat=3))
+    return [statistics.median(t) for t in times]
+
+
 def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=STRIDE_SPREADS,
                   rounds: int = STRIDE_ROUNDS) -> list[tuple[float, float]]:
     """(B's row stride in bytes, share) for the 4x4 micro-kernel reading B from L2 with its rows
@@ -173,11 +184,7 @@ def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=
     panel = vectors * lanes * 4
     k = -(-5 * l1_bytes // 4 // panel)
     kernels = [micro_kernel(threads, rows, vectors, lanes, k, width=s * vectors * lanes) for s in (1, *spreads)]
-    times = [[] for _ in kernels]
-    for _ in range(rounds):
-        for seconds, (lib, args, _, _) in zip(times, kernels):
-            seconds.append(_median_seconds(lib, args, repeat=3))
-    medians = [statistics.median(t) for t in times]
+    medians = seconds_in_turn(kernels, rounds)
     link = kernels[0][3] * panel / fill
     return [(float(panel), 0.0)] + [(float(s * panel), max((t - medians[0]) / link, 0.0))
                                     for s, t in zip(spreads, medians[1:])]

@@ -30,7 +30,6 @@ BENCHMARKS.md ("L2-feed session") has the figures.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
@@ -48,7 +47,7 @@ BLOCKED = [[("mnk", (6, 64, 1)), ("nkm", (6, 64, kc)), ("kmn", (6, 64, kc)), ("n
 def feed_rows(hw, threads: int, lanes: int, rounds: int):
     """Table 1's rows: per register tile, the kernel fed from L1, then from L2 at each spread;
     the kernels timed in turn in each of `rounds` rounds, medians."""
-    from cachetile.backends.calibrate import _median_seconds, micro_kernel
+    from cachetile.backends.calibrate import micro_kernel, seconds_in_turn
 
     l1, l2 = hw.levels[1].capacity_bytes, hw.levels[2].capacity_bytes
     fill = hw.levels[1].bandwidth_bytes_per_s  # the link filling L1 (all cores)
@@ -61,13 +60,9 @@ def feed_rows(hw, threads: int, lanes: int, rounds: int):
             width = spread * vectors * lanes
             runs.append((rows, vectors, panel_row, where, k, width,
                          micro_kernel(threads, rows, vectors, lanes, k, width=width)))
-    times = [[] for _ in runs]
-    for _ in range(rounds):
-        for seconds, (*_, (lib, args, _, _)) in zip(times, runs):
-            seconds.append(_median_seconds(lib, args, repeat=3))
+    times = seconds_in_turn([run[-1] for run in runs], rounds)
     out, base = [], {}
-    for seconds, (rows, vectors, panel_row, where, k, width, (_, _, flops, steps)) in zip(times, runs):
-        t = statistics.median(seconds)
+    for t, (rows, vectors, panel_row, where, k, width, (_, _, flops, steps)) in zip(times, runs):
         base.setdefault((rows, vectors), t / flops)  # the L1-fed kernel comes first
         link = steps * (panel_row + rows * 4) / fill
         out.append([f"{rows}x{vectors}", where, str(k), str(width), f"{k * panel_row >> 10}",
