@@ -137,7 +137,7 @@ class Outermost(NamedTuple):
 
 
 def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence[str], tile: Mapping,
-              fit: int | None = None) -> Outermost:
+              fit: int | None = None, crowd: Callable | None = None) -> Outermost:
     """The outermost level's tile and its sweeps: the tile grown to the whole extent along the
     innermost one, two, ... loops of `order` that take more than one trip, each with its DV and
     MU (arrays allowed), while some grown tile fits `fit` bytes (default: the largest hardware
@@ -151,14 +151,15 @@ def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence
     batch 8 in 1-row tiles: DV 64.9 MB from memory, 38.5 MB kept in L3; its kernel ran fastest
     of the plans measured.) An inner cache that holds a sweep keeps the same (effective_dv):
     gemm 1000^3 in 22x128x10 outermost tiles, m, k, n outermost, keeps each 22-row block of C
-    in L2 across the k loop, which the tiles inside cannot tell it."""
+    in L2 across the k loop, which the tiles inside cannot tell it. `crowd`: what a grown tile's
+    MU adds for rows that crowd into a share of the sets (crowding.crowding)."""
     if fit is None:
         fits = [hardware.target.cache_bytes(i) for i in range(len(hardware.levels))]
         fit = max((f for f in fits if f is not None and f < whole.mu), default=None)
     if fit is None or whole.mu <= fit:
         return Outermost(tile, [])
     return Outermost(tile, grown_sweeps(workload, hardware, len(hardware.levels) - 1, [order], [tile],
-                                        workload.dims, fit))
+                                        workload.dims, fit, crowd=crowd))
 
 
 # Loops an inner cache's tile is grown along (swept): the innermost one. Growing along more
@@ -172,25 +173,33 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
     innermost split loop, INNER_STEPS): a cache that holds the tiles one trip of that loop walks
     keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
-    for the whole kernel.)"""
+    for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
+    only where the sets their rows crowd into hold it (crowding.crowding). The enumeration's caps
+    leave that out, as bounds from below: which inputs are copied is known only once every level
+    is fixed, and the polish and the final ranking score each plan here."""
+    from .crowding import crowding
+
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))]
     private = private_fit(fits)
-    top = outermost(workload, hardware, whole, orders[-1], tiles[-1])._replace(
+    crowd = crowding(workload, hardware, tiles)
+    top = outermost(workload, hardware, whole, orders[-1], tiles[-1], crowd=crowd)._replace(
         private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
-        cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private) if private else [])
+        cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private, crowd) if private else [])
     inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
-                                 INNER_STEPS)
+                                 INNER_STEPS, crowd)
              for level, fit in enumerate(fits[:-1]) if fit is not None}
     return top._replace(inner=inner)
 
 
-def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mapping, fit: int) -> list:
+def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mapping, fit: int,
+                crowd: Callable | None = None) -> list:
     """(DV, MU) of the outermost `tile` (walked by `order`) as one core's private caches see it,
     where the backend runs one of its loops in parallel (the first spatial one with a trip per
     core, costmodel.parallel_loops): each core walks its own consecutive trips of that loop, so
     the tile spans them and the loop over the cores' shares runs outermost; then that tile grown
     along its innermost loops (grown_sweeps) while it fits `fit`. Only tiles in which the loops
-    inside that loop (in `order`) are whole count. Arrays allowed; no sweeps on one core.
+    inside that loop (in `order`) are whole count. Arrays allowed; no sweeps on one core;
+    `crowd` as in `outermost`.
     (gemm 197x2304x768 in 33x192x6 outermost tiles, k outermost: all of C, 1.8 MB, overflows
     L2, and the refill rule reloads it at every k step, 243 MB; each core's half of C stays in
     its own L2, and the plan ran in 3.3 ms where that charge alone predicts 4.1.)"""
@@ -211,8 +220,8 @@ def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mappin
         share[x] = np.where(mine, np.minimum(np.ceil(trips / cores) * tile[x], workload.dims[x]), tile[x])
         walk = [x, *(y for y in order if y != x)]
         dv = data_volume(workload, [walk], [share], levels=[0], hardware=hardware, offset=top)[0]
-        found = [(dv, level_usage(workload, hardware, top, share)),
-                 *grown_sweeps(workload, hardware, top, [walk], [share], workload.dims, fit)]
+        mu = level_usage(workload, hardware, top, share) + (crowd(share) if crowd else 0.0)
+        found = [(dv, mu), *grown_sweeps(workload, hardware, top, [walk], [share], workload.dims, fit, crowd=crowd)]
         # The share's tile takes the core's trips of x together, as if x ran inside the loops the
         # order puts inside it. That holds once those loops are grown whole (grown_sweeps grows
         # them first); before, each trip of x streams what they walk again. vit-b/16's MLP
@@ -300,10 +309,11 @@ def private_fit(caches: Sequence[int | None]) -> int | None:
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
-                 steps: int | None = None) -> list:
+                 steps: int | None = None, crowd: Callable | None = None) -> list:
     """(DV, MU) of tiles[0] (the tile of `level`, walked by orders[0] inside `parent`; orders and
     tiles of the outer levels follow) grown to the parent's extent along its innermost one, two,
-    ... loops still split, while one fits `fit` bytes (DV inf where it does not). Arrays allowed."""
+    ... loops still split, while one fits `fit` bytes (DV inf where it does not), its MU raised by
+    `crowd` (the bytes its crowded rows take: crowding.crowding). Arrays allowed."""
     from .costmodel import data_volume, level_usage
 
     order = orders[0]
@@ -314,7 +324,7 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
             split = np.asarray(grown[x]) < parent[x]
             grown[x] = np.where(split & ~found, parent[x], grown[x])
             found = found | split
-        mu = level_usage(workload, hardware, level, grown)
+        mu = level_usage(workload, hardware, level, grown) + (crowd(grown) if crowd else 0.0)
         done = done | ~found | (mu > fit)
         if np.all(done):
             break

@@ -778,3 +778,45 @@ def test_an_input_read_in_place_a_piece_of_each_row_at_a_time_stalls_by_its_stri
         hw.model_validate({**hw.model_dump(), "stride_stall": [(3072.0, 0.25), (256.0, 0.0)]})
     with pytest.raises(ValueError, match="stride_stall shares must be finite and >= 0"):
         hw.model_validate({**hw.model_dump(), "stride_stall": [(256.0, float("inf"))]})
+
+
+def _crowding_hardware() -> Hardware:
+    """One core: registers, a 48 KiB 12-way L1, a 512 KiB 16-way L2 (384 KiB usable), an L3."""
+    return Hardware(name="cpu", peak_flops=5e11, vector_bytes=64, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=4e12),
+        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=4e11, ways=12),
+        Level(name="L2", capacity_bytes=1 << 19, bandwidth_bytes_per_s=6e10, ways=16),
+        Level(name="L3", capacity_bytes=1 << 27, bandwidth_bytes_per_s=3e10, ways=16)])
+
+
+def test_rows_a_multiple_of_the_page_apart_crowd_into_a_few_sets_and_are_not_kept():
+    """crowding: B read in place, one line of each of its 128 rows per L2 tile, walked n, m, k.
+    An L2 that holds the L2 tile grown along k (B's 8 KiB panel, A's 6 rows and C) keeps the panel
+    across the row tiles and moves that grown tile's DV (the simulator's). With rows 12 KiB
+    apart, each starts at the same offset in its page: the panel has 1 of the 64 sets a page
+    spans, as if it took 512 KiB, and L2 moves its own tile's refills (the simulator's DV).
+    193 lines apart, the rows start at every offset. Packed (a 1024-column L3 tile), B crowds
+    nothing."""
+    from simulator import simulate_dv
+
+    from cachetile.models.crowding import in_place, page_sets, set_share
+
+    hw = _crowding_hardware()
+    assert page_sets(hw) == 64
+    assert [float(set_share(s, r, 64)) for s, r in ((12288, 64), (12288, 128), (3072, 256), (12352, 64))] == \
+        [1 / 64, 2 / 64, 16 / 64, 1.0]
+    orders = [list("mnk"), list("mnk"), list("nmk"), list("mnk")]
+    charged = {}
+    for n in (3072, 3088):
+        w = builtin("gemm", {"m": 12, "n": n, "k": 128})
+        tiles = [{"m": 6, "n": 16, "k": 1}] * 3 + [{"m": 12, "n": n, "k": 128}]
+        assert {name: bool(v) for name, v in in_place(w, tiles).items()} == {"A": False, "B": True}
+        dvs, mu = _dv_and_mu(w, hw, orders, tiles)
+        charged[n] = charged_dv(w, hw, dvs, mu, orders, tiles)[2]
+        grown = [*tiles[:2], {"m": 6, "n": 16, "k": 128}, tiles[3]]
+        own, held = simulate_dv(w, orders, tiles, 2), simulate_dv(w, orders, grown, 2)
+        assert dvs[2] == own and held < own / 1.5
+        assert charged[n] == (own if n == 3072 else held)
+    w = builtin("gemm", {"m": 12, "n": 3072, "k": 128})
+    packed = [{"m": 6, "n": 16, "k": 1}] * 3 + [{"m": 12, "n": 1024, "k": 128}]
+    assert not in_place(w, packed)["B"]
