@@ -111,9 +111,9 @@ def cublas_ops(workload: Workload, arrays: dict, cupy):
     """A function running the workload with cuBLAS into fresh buffers, one call per op."""
     dtype = workload.dtype
     if dtype not in ("float16", "bfloat16"):
-        run = reference(workload, cupy)
+        ops = reference(workload, cupy)
         inputs = {n: a for n, a in arrays.items() if workload.tensors[n].role == "input"}
-        return lambda: run(inputs)
+        return lambda: ops(inputs)
     from cupy.cuda import cublas
 
     handle = cupy.cuda.device.get_cublas_handle()

@@ -110,6 +110,15 @@ def body_mix(code, loop: tuple[int, int], found) -> dict[str, int]:
     return dict(mix)
 
 
+def plan_from(path: str, parse_document):
+    """The plan in the `tune --json` document at `path`; exits with one line when it is not one."""
+    try:
+        return parse_document(Path(path).read_text()).plan
+    except (OSError, ValueError) as e:  # pydantic's ValidationError and json's errors are ValueErrors
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        sys.exit(f"loop_profile: --plan {path}: not a `tune --json` document ({first})")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", help="a built-in workload kind (gemm, batch-gemm, gemm-chain, ...)")
@@ -132,7 +141,7 @@ def main():
 
     w, hw = workload_of(args.kind, args.dims), hardware_from("host")
     use_all_cores(hw)
-    plan = parse_document(Path(args.plan).read_text()).plan if args.plan else tune(w, hw).plan
+    plan = plan_from(args.plan, parse_document) if args.plan else tune(w, hw).plan
     with tempfile.TemporaryDirectory(prefix="cachetile-profile-") as tmp:
         library, data = Path(tmp) / "kernel.so", Path(tmp) / "perf.data"
         built = llvm().build(w, hw, plan).lib

@@ -104,7 +104,7 @@ def _scale(space: Space) -> float:
 def _ipopt_model(space: Space, choice):
     import pyomo.environ as pyo
 
-    w, hw, n = space.workload, space.hardware, space.n_levels
+    w, n = space.workload, space.n_levels
     m = pyo.ConcreteModel()
     idx = [(j, x) for j in range(n) for x in space.loops]
     m.u = pyo.Var(idx, bounds=lambda _, j, x: (0.0, math.log(w.dims[x])), initialize=lambda _, j, x: 0.0)
@@ -133,7 +133,7 @@ def _ipopt_model(space: Space, choice):
 def _scip_model(space: Space, choice):
     import pyomo.environ as pyo
 
-    w, hw, n = space.workload, space.hardware, space.n_levels
+    w, n = space.workload, space.n_levels
     m = pyo.ConcreteModel()
     idx = [(j, x) for j in range(n) for x in space.loops]
     m.T = pyo.Var(idx, domain=pyo.PositiveIntegers, bounds=lambda _, j, x: (1, w.dims[x]), initialize=1)
