@@ -348,7 +348,9 @@ def test_a_cores_share_stands_in_only_once_the_loops_inside_it_are_whole():
     L2's usable share) before the next starts, so B streams into L2 once per row tile, as the
     simulator counts for the outermost tile's k sweep. A core's four row tiles taken together
     (44 x 16 x 96, 25 KiB) would read B once: that holds only when n and k run whole inside
-    them. (vit-b/16's MLP in 9x32x1 tiles was charged so and ran 2.8x the prediction.)"""
+    them. (vit-b/16's MLP in 9x32x1 tiles was charged so and ran 2.8x the prediction.) L1 moves
+    its own DV: B's rows lie 16 KiB apart, so the sweep's 96 lines of B share one of its sets
+    (crowding)."""
     from simulator import simulate_dv
 
     from cachetile.models.costmodel import level_usage
@@ -362,7 +364,8 @@ def test_a_cores_share_stands_in_only_once_the_loops_inside_it_are_whole():
     sweep = simulate_dv(w, [["m", "n", "k"]], [{"m": 11, "n": 16, "k": 96}], 0)
     assert sweep == 4 * (a + 8 * b + c)
     dvs, mu = _dv_and_mu(w, hw, orders, tiles)
-    assert charged_dv(w, hw, dvs, mu, orders, tiles)[1:3] == [sweep, sweep]
+    assert charged_dv(w, hw, dvs, mu, orders, tiles)[1:3] == [dvs[1], sweep]
+    assert dvs[1] == simulate_dv(w, orders, tiles, 1) > sweep
     assert all(d == float("inf") for d, _ in swept(w, hw, whole_problem(w, hw), orders, tiles).cores)
 
 
@@ -692,8 +695,9 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     from cachetile.models.plan import SolverInfo, TuneResult
     from cachetile.models.traffic import expected_traffic
 
-    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": 1e11}) if lv.name == "L2" else lv
-              for lv in AVX2_CACHES.levels]
+    # 2 MiB: the L2 sweep's B panel (768 rows 3 KiB apart) uses a quarter of its sets (crowding)
+    levels = [lv.model_copy(update={"bandwidth_bytes_per_s": 1e11, "capacity_bytes": 1 << 21}) if lv.name == "L2"
+              else lv for lv in AVX2_CACHES.levels]
     hw = AVX2_CACHES.model_copy(update={"vector_bytes": 64, "levels": levels})
     w = builtin("gemm", {"m": 1024, "n": 768, "k": 768})
     orders = [["m", "n", "k"], ["m", "n", "k"], ["n", "m", "k"], ["m", "n", "k"]]
