@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 
 from typing import Literal
 
+import numpy as np
 from pydantic import BaseModel, Field
 
 from . import gpu
@@ -259,8 +260,13 @@ def read_once(workload: Workload, op: Op, name: str, tiles, padded) -> bool:
     """Whether each element of input `name` reaches the registers once: every loop of the op
     that does not index it lies whole in the register tile (a decode step's weights, m <= the
     register tile's rows). A packed copy would then read and write every byte once more for no
-    reuse, so the micro-kernel reads the array itself (models/kernel_costs.py charges its runs)."""
-    return all(tiles[0][x] == padded[x] for x in op.loops if x not in workload.tensors[name].loops)
+    reuse, so the micro-kernel reads the array itself (models/kernel_costs.py charges its runs).
+    Tiles may be arrays (models/crowding.py)."""
+    once = np.ones((), dtype=bool)
+    for x in op.loops:
+        if x not in workload.tensors[name].loops:
+            once = once & (np.asarray(tiles[0][x]) == np.asarray(padded[x]))
+    return once
 
 
 @dataclass

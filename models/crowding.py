@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .caches import LINE_BYTES, micro_order
+from .caches import LINE_BYTES, micro_order, read_once
 from .costmodel import padded_extents
 
 PAGE_BYTES = 4096  # the pages the operating system maps: 4 KiB on x86 and on most Arm systems
@@ -76,11 +76,18 @@ def crowding(workload, hardware, tiles) -> Callable[[Mapping], np.ndarray] | Non
     """For the plan's `tiles`, a function of a tile that a cache would keep (a sweep standing in
     for it: models/objective.py) to the bytes its inputs read in place take beyond their own, as
     their rows crowd into a share of the sets (set_share): what the tile's MU must add to fit.
-    None where nothing crowds."""
+    Inputs read once (a decode step's weights) are left out: they stream through and no cache
+    keeps them for a next use. None where nothing crowds."""
     sets = page_sets(hardware)
     if sets is None:
         return None
-    unpacked = {name: mask for name, mask in in_place(workload, tiles).items() if np.any(mask)}
+    padded = padded_extents(workload, tiles)
+    once: dict[str, np.ndarray] = {}
+    for op in workload.ops:
+        for name in op.inputs:
+            once[name] = once.get(name, np.ones((), dtype=bool)) & read_once(workload, op, name, tiles, padded)
+    unpacked = {name: mask & ~once[name] for name, mask in in_place(workload, tiles).items()}
+    unpacked = {name: mask for name, mask in unpacked.items() if np.any(mask)}
     if not unpacked:
         return None
     elem = workload.elem_bytes
