@@ -246,9 +246,13 @@ def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders) -> La
 
 
 def contiguous(block: list[int], shape: list[int]) -> bool:
-    """True when the array stores the block as one contiguous run."""
-    first = next((i for i, b in enumerate(block) if b > 1), len(block))
-    return all(block[i] == shape[i] for i in range(first + 1, len(block)))
+    """True when the array stores the block as one contiguous run: every dim after the first of
+    more than one index is whole. Blocks may be arrays (models/crowding.py)."""
+    ok, seen = np.ones((), dtype=bool), np.zeros((), dtype=bool)
+    for b, whole in zip(block, shape):
+        ok = ok & (~seen | (np.asarray(b) == whole))
+        seen = seen | (np.asarray(b) > 1)
+    return ok
 
 
 def row_major_thrifty(layout: Layout, block: list[int], shape: list[int]) -> bool:

@@ -22,7 +22,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
-from .caches import LINE_BYTES, micro_order, read_once
+from .caches import LINE_BYTES, contiguous, micro_order, read_once
 from .costmodel import padded_extents
 
 PAGE_BYTES = 4096  # the pages the operating system maps: 4 KiB on x86 and on most Arm systems
@@ -47,12 +47,12 @@ def set_share(stride: int, run, sets: int) -> np.ndarray:
     return np.minimum(1.0, starts * np.ceil(np.asarray(run, dtype=np.float64) / LINE_BYTES) / sets)
 
 
-def in_place(workload, tiles) -> dict[str, np.ndarray]:
+def in_place(workload, tiles, padded=None) -> dict[str, np.ndarray]:
     """Per plain input stored in the order the micro-kernel reads it, whether no cache of the plan
     copies it (tiles innermost first, arrays allowed): it is not padded and its block at every
     level above the registers is contiguous in the array, so the thrifty rule skips each copy
-    (models/caches.input_caches)."""
-    padded = padded_extents(workload, tiles)
+    (models/caches.input_caches). `padded`: padded_extents of the tiles, when at hand."""
+    padded = padded_extents(workload, tiles) if padded is None else padded
     out = {}
     for op in workload.ops:
         vector = micro_order(workload, op)[-1]
@@ -63,11 +63,9 @@ def in_place(workload, tiles) -> dict[str, np.ndarray]:
             ok = np.ones((), dtype=bool)
             for x in t.dims:
                 ok = ok & (np.asarray(padded[x]) == workload.dims[x])
+            shape = [workload.dims[x] for x in t.dims]
             for tile in tiles[1:]:
-                seen = np.zeros((), dtype=bool)  # a dim of more than one index met, outside this one
-                for x in t.dims:
-                    ok = ok & (~seen | (np.asarray(tile[x]) == workload.dims[x]))
-                    seen = seen | (np.asarray(tile[x]) > 1)
+                ok = ok & contiguous([tile[x] for x in t.dims], shape)
             out[name] = ok
     return out
 
@@ -86,7 +84,7 @@ def crowding(workload, hardware, tiles) -> Callable[[Mapping], np.ndarray] | Non
     for op in workload.ops:
         for name in op.inputs:
             once[name] = once.get(name, np.ones((), dtype=bool)) & read_once(workload, op, name, tiles, padded)
-    unpacked = {name: mask & ~once[name] for name, mask in in_place(workload, tiles).items()}
+    unpacked = {name: mask & ~once[name] for name, mask in in_place(workload, tiles, padded).items()}
     unpacked = {name: mask for name, mask in unpacked.items() if np.any(mask)}
     if not unpacked:
         return None
