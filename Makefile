@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Notebooks are kept as jupytext py:percent files and executed as .ipynb under pytest --nbmake.
 NOTEBOOKS := $(patsubst notebooks/%.py,build/notebooks/%.ipynb,$(wildcard notebooks/*.py))
 
-.PHONY: install run serve test notebooks openapi lock bench clean
+.PHONY: install run serve calibrate test notebooks openapi lock bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -21,6 +21,10 @@ run: $(STAMP)
 
 serve: $(STAMP)
 	$(BIN)/tune serve
+
+# Measure this machine once (under a minute); the host preset uses the profile from then on.
+calibrate: $(STAMP)
+	$(BIN)/tune hardware host --calibrate
 
 build/notebooks/%.ipynb: notebooks/%.py $(STAMP)
 	mkdir -p build/notebooks

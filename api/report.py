@@ -37,7 +37,8 @@ def format_table(result: TuneResult) -> str:
     peak = hw.target.peak_flops(w)
     cores = f", {plan.launch.tensor_cores}" if plan.launch is not None and plan.launch.tensor_cores else ""
     lines = [
-        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(peak, 'FLOP/s')}{cores})",
+        f"{w.kind} {dims} {w.dtype} on {hw.name} ({len(hw.levels)} levels, peak {_si(peak, 'FLOP/s')}{cores}; "
+        f"{_figures(hw)})",
         f"solver {result.solver.name}: {result.solver.status} in {result.solver.seconds:.2f} s, "
         f"{result.solver.evaluated} evaluated",
         f"predicted {_seconds(plan.predicted_seconds)}, bound by {plan.bottleneck} "
@@ -66,8 +67,18 @@ def format_table(result: TuneResult) -> str:
     return "\n".join(lines)
 
 
+def _figures(hw: Hardware) -> str:
+    """Where the hardware's figures come from; for an uncalibrated host, how to measure them (its
+    assumed figures can pick plans 2x slower than calibrated ones: BENCHMARKS.md)."""
+    if hw.calibrated:
+        return f"calibrated on {hw.calibrated}"
+    if hw.name == "host" and hw.kind == "cpu":
+        return f"{hw.target.figures}: `tune hardware host --calibrate` measures this machine"
+    return hw.target.figures
+
+
 def format_hardware(hw: Hardware) -> str:
-    state = f"calibrated on {hw.calibrated}" if hw.calibrated else hw.target.figures
+    state = _figures(hw)
     lines = [f"{hw.name}: peak {_si(hw.peak_flops, 'FLOP/s')} ({state})"]
     if hw.gpu is not None and hw.gpu.tensor_flops:
         peaks = ", ".join(f"{d} {_si(v, 'FLOP/s')}" for d, v in hw.gpu.tensor_flops.items())

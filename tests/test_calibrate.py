@@ -33,7 +33,8 @@ def _profile(key: str) -> Profile:
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))
     assumed = host()
-    assert assumed.calibrated is None and "assumed figures" in format_hardware(assumed)
+    assert assumed.calibrated is None
+    assert "(assumed figures: `tune hardware host --calibrate` measures this machine)" in format_hardware(assumed)
     key = host_key(assumed)
     save_profile(_profile(key))
     hw = host()
@@ -69,6 +70,24 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     bad["run_start_reach"] = [(1.6e7, 0.4), (4e6, 0.0)]
     (tmp_path / f"{key}.json").write_text(json.dumps(bad))
     assert load_profile(key) is None and host().run_start_reach is None
+
+
+def test_the_plan_report_says_where_the_hardware_figures_come_from(tmp_path, monkeypatch):
+    """An uncalibrated host's report says its figures are assumed and how to measure them; a
+    calibrated one says when; a GPU preset's figures are the published ones."""
+    monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))  # where save_profile writes
+    env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
+
+    def header(*hardware):
+        cmd = [sys.executable, "-m", "cachetile.api.cli", "gemm", "--M", "32", "--N", "32", "--K", "32", *hardware]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr
+        return proc.stdout.splitlines()[0]
+
+    assert header().endswith("; assumed figures: `tune hardware host --calibrate` measures this machine)")
+    save_profile(_profile(host_key(host(calibrated=False))))
+    assert header().endswith("; calibrated on 2026-11-23T12:00:00+00:00)")
+    assert header("--hardware", "h100").endswith("; published figures)")
 
 
 @pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one core is the whole machine")
