@@ -75,12 +75,11 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
 def test_the_plan_report_says_where_the_hardware_figures_come_from(tmp_path, monkeypatch):
     """An uncalibrated host's report says its figures are assumed and how to measure them; a
     calibrated one says when; a GPU preset's figures are the published ones."""
-    monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))  # where save_profile writes
-    env = {**os.environ, "CACHETILE_PROFILES": str(tmp_path)}
+    monkeypatch.setenv("CACHETILE_PROFILES", str(tmp_path))  # for save_profile and the CLI it runs
 
     def header(*hardware):
         cmd = [sys.executable, "-m", "cachetile.api.cli", "gemm", "--M", "32", "--N", "32", "--K", "32", *hardware]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr
         return proc.stdout.splitlines()[0]
 
