@@ -72,8 +72,8 @@ def _figures(hw: Hardware) -> str:
     assumed figures can pick plans 2x slower than calibrated ones: BENCHMARKS.md)."""
     if hw.calibrated:
         return f"calibrated on {hw.calibrated}"
-    if hw.name == "host" and hw.kind == "cpu":
-        return f"{hw.target.figures}: `tune hardware host --calibrate` measures this machine"
+    if hw.name == "host" and hw.target.calibration:
+        return f"{hw.target.figures}: {hw.target.calibration}"
     return hw.target.figures
 
 

@@ -30,6 +30,8 @@ class Target:
     fine_candidates: ClassVar[bool] = True  # tile candidates include the block-count and small-integer sets
     default_stages: ClassVar[int] = 1
     figures: ClassVar[str] = "assumed figures"  # where an uncalibrated hardware's figures come from
+    # How the host preset's figures are measured on this kind of machine (None: they are not).
+    calibration: ClassVar[str | None] = "`tune hardware host --calibrate` measures this machine"
     # auto's first pass: "seeded" searches around the best register tiles, "capped" is enumerate
     # stopped after budget.GPU_WORK, "exact" is enumerate with the NLP solver as fallback.
     auto_strategy: ClassVar[str] = "exact"

@@ -27,6 +27,7 @@ class CudaGpu(Target):
     fine_candidates = False  # divisors and powers of two only: odd block shapes waste threads and warps
     default_stages = 2
     figures = "published figures"  # the presets' whitepaper numbers
+    calibration = None  # the CUDA presets are whitepaper figures; calibrate measures CPUs
     auto_strategy = "capped"
 
     def register_weights(self, workload):
