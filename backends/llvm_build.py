@@ -22,11 +22,21 @@ from .llvm_prefetch import insert_prefetches
 from .tensorir import primfunc
 
 
+# LLVM's O2 pipeline, not TVM's default O3. The schedule already unrolls and vectorises the
+# micro-kernel; O3 also fully unrolls the small spatial loops around it, and where an output
+# resumes across a reduction loop above them (a holder buffer, llvm_emit._accumulate), LICM then
+# keeps every unrolled register tile of the block live across that loop. bert-base ffn2
+# (512x768x3072, 4x64 tiles, k split in two at L2): 64 accumulator vectors, 26 spills in the
+# FMA loops, 13.9 or 27-30 ms by process (where the stack lands against the packed buffers);
+# at O2 no spill, 11.1-11.3 ms in three processes, numpy 11.7-11.9 (BENCHMARKS.md).
+OPT_LEVEL = 2
+
+
 def llvm_target(cores: int) -> dict:
     """The LLVM target for this machine, as TVM's JSON form; CACHETILE_MCPU overrides the CPU
     (e.g. znver3 under valgrind, which has no AVX-512)."""
     mcpu = os.environ.get("CACHETILE_MCPU") or tvm.target.codegen.llvm_get_system_cpu()
-    return {"kind": "llvm", "mcpu": mcpu, "num-cores": cores}
+    return {"kind": "llvm", "mcpu": mcpu, "num-cores": cores, "opt-level": OPT_LEVEL}
 
 
 def use_all_cores(hardware: Hardware) -> None:
