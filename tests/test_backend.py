@@ -370,7 +370,7 @@ def test_fma_loop_spills_counts_accumulators_that_do_not_fit_the_registers():
     orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")][-len(HOST.levels):]
     counts = []
     for rows in (38, 19):
-        reg, outer = {"m": rows, "n": lanes, "k": 1}, {"m": 38, "n": 2 * lanes}
+        reg, outer = {"m": rows, "n": lanes, "k": 1}, {"m": rows, "n": 2 * lanes}
         plan = make_plan(w, HOST, orders, [reg, reg, {**outer, "k": 2}, {**outer, "k": 64}][-len(HOST.levels):])
         built = build(w, HOST, plan)
         check(w, built.lib)
