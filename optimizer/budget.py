@@ -20,8 +20,11 @@ ROWS_PER_UNIT = 4000
 # auto on SIMD CPUs: the widening passes around the best register tiles (enumeration.seeded);
 # their greedy dive may take longer. Plans found within 0.4 s matched those of 4 s passes
 # within 2% of predicted time on 8 workloads (BENCHMARKS.md), and the CLI must answer a
-# 1024^3 GEMM in under a second, imports included: SEED_WORK is about 0.4 s of those passes.
-SEED_WORK = 700.0
+# 1024^3 GEMM in under a second, imports included. At 400 units (0.25-0.3 s on the AMD EPYC
+# Zen 4) the 17 shapes of bench/shapes.py plus gemm 256^3, 1024^3 and batch-gemm 8x512^3 got
+# the plans 700 units gave, to the predicted nanosecond; at 700, `tune gemm` 1024^3 took
+# 1.1-1.2 s there (BENCHMARKS.md "Plan time at 400 units").
+SEED_WORK = 400.0
 # tune(register_tiles=n), for autotuning: the search around each register tile alone
 # (enumeration.per_register_tile), about 0.1 s each.
 REGISTER_TILE_WORK = 200.0
