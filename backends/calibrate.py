@@ -33,11 +33,11 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   total up by factors of 4 (on all cores): what share of those run starts a
   stream that large pays, since TLB misses and untracked prefetch streams
   charge runs well before an array leaves the last cache;
-- a decode GEMM's micro-kernel reading a large B where it lies, its rows in
+- a GEMV's micro-kernel reading B from memory where it lies, its rows in
   bands of 8 to 256 that the tile walks along, each row in turn: past the
-  rows the hardware prefetcher follows at once, the time steps up (1.6-1.9x
-  from 32 to 64 rows on the Intel Xeon of BENCHMARKS.md), and the band
-  before that step is the profile's prefetch_streams;
+  rows the hardware prefetcher follows at once, the time climbs (1.24-1.38x
+  from 8 to 16 rows on the AMD EPYC Zen 4 of BENCHMARKS.md), and the band
+  before the first 1.15x the fastest is the profile's prefetch_streams;
 - the 4x4 micro-kernel reading B from L2 (a panel a quarter deeper than L1
   holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
   timed in turn on all cores: what each stride adds, as a share of the L1
@@ -75,8 +75,8 @@ REACH_STEP = 4  # between the working sets of the reach
 HOLDS = 0.8  # a working set streaming at this share of the fastest smaller one is still in the last cache
 ROW_BYTES = 16384  # the strided stream's rows
 BANDS = (8, 16, 32, 64, 128, 256)  # rows the banded micro-kernel reads in turn (band_seconds)
-BAND_ROUNDS = 2
-BAND_STEP = 1.15  # a band this much slower than the one before marks the prefetcher's limit
+BAND_ROUNDS = 3
+BAND_STEP = 1.15  # a band this much slower than the fastest no wider marks the prefetcher's limit
 # B's rows, in panel widths apart: 1, 2 and 3 KiB for a 64-float panel. Rows farther apart crowd
 # fewer of L2's sets, and which ones depends on where the pages land: on the Intel Xeon of
 # BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
@@ -248,7 +248,7 @@ def run_start_ratios(threads: int, bytes_per_thread: int, lanes: int, runs=(SHOR
 
 
 def band_seconds(threads: int, bytes_per_thread: int, lanes: int, bands=BANDS, rounds: int = BAND_ROUNDS,
-                 rows: int = 8, vectors: int = 2) -> dict[int, list[float]]:
+                 rows: int = 1, vectors: int = 4) -> dict[int, list[float]]:
     """Per band, per round, seconds per call of a decode GEMM's micro-kernel (`rows` rows of A
     broadcast against `vectors` vectors of B) over a B of ROW_BYTES rows, `bytes_per_thread` per
     thread, read where it lies in bands: the tile walks along a band's rows, each row in turn,
@@ -287,14 +287,21 @@ def band_seconds(threads: int, bytes_per_thread: int, lanes: int, bands=BANDS, r
 
 
 def fit_streams(seconds: dict[int, list[float]]) -> int | None:
-    """The widest band before the largest step up in time between neighbouring bands (medians),
-    when that step is at least BAND_STEP: the rows the prefetcher follows at once. None when no
-    band is that much slower than the one before: any number, as the model assumes uncalibrated."""
-    bands = sorted(seconds)
-    medians = [statistics.median(seconds[b]) for b in bands]
-    steps = [(later / earlier, band) for earlier, later, band in zip(medians, medians[1:], bands)]
-    step, band = max(steps, default=(0.0, None))
-    return band if step >= BAND_STEP else None
+    """The band before the first whose median is BAND_STEP or more times the fastest band's no
+    wider: the rows the prefetcher follows at once. None when no band is that much slower (any
+    number, as the model assumes uncalibrated).
+
+    Not the band before the largest step: past the prefetcher's limit the time keeps climbing,
+    and which later step is largest is noise. A GEMV micro-kernel from memory on the AMD EPYC
+    Zen 4 of BENCHMARKS.md, three calibrations: 16 rows 1.38, 1.36 and 1.24x the 8-row band,
+    32 rows 1.71, 1.78 and 1.67x; the largest step gave 8, 8 and 16."""
+    fastest, before = float("inf"), None
+    for band in sorted(seconds):
+        median = statistics.median(seconds[band])
+        if median >= BAND_STEP * fastest:
+            return before
+        fastest, before = min(fastest, median), band
+    return None
 
 
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
@@ -472,8 +479,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
         step(f"runs over {size >> 20} MiB on {cores} core(s)")
         sweep[size] = run_start_ratios(cores, size // cores, lanes, rounds=REACH_ROUNDS)
     step(f"bands of rows on {cores} core(s)")
-    # Over half the last cache, as the L3 stream: a decode step's weights, warm or not, are read alike.
-    prefetch = fit_streams(band_seconds(cores, last // 2 // cores, lanes))
+    # A GEMV from memory, where bands matter most: on the Zen 4, 16 rows over half the last cache
+    # ran 1.01-1.18x the 8-row band's time, from memory 1.24-1.38x (gemm 1x4096x4096: 16-row
+    # bands 0.54-0.69x numpy, 8-row 0.84x). An 8-row micro-kernel hides it (0.94-1.18x).
+    prefetch = fit_streams(band_seconds(cores, far // cores, lanes))
     strides = None
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")

@@ -9,12 +9,13 @@ that follow continue it (models/kernel_costs.contiguous_run), whatever the
 number of rows. Two tables test that:
 
 1. the banded micro-kernel calibration times (backends/calibrate.band_seconds:
-   eight rows of A broadcast against two vectors of B, a decode GEMM's register
-   tile, over a B of 16 KiB rows read in bands the tile walks along); per
+   one row of A broadcast against four vectors of B, a GEMV's register tile,
+   over a B of 16 KiB rows read in bands the tile walks along); per
    working-set size (MiB, all threads), each band's time against the fastest,
    and the prefetch_streams calibration would fit;
-2. the same through the planner and the LLVM backend: decode GEMMs whose L1
-   block is 8 x 32 x `band` and whose L2 block spans 2048 columns, so B's
+2. the same through the planner and the LLVM backend: decode GEMMs (m 8 and 1)
+   whose L1 block is m x 32 (64 for the GEMV) x `band` and whose L2 block
+   spans 2048 columns, so B's
    rows continue across L1 blocks, each predicted and timed side by side
    (bench/fidelity.measure_plans), beside the plan `tune` returns.
 
@@ -53,16 +54,16 @@ def plan_rows(hw, rounds: int):
 
     bands = (8, 16, 32, 64, 128)
     rows = []
-    for k in (1024, 4096):
-        w = builtin("gemm", {"m": 8, "n": 4096, "k": k})
+    for m, k, width in ((8, 1024, 32), (8, 4096, 32), (1, 4096, 64)):
+        w = builtin("gemm", {"m": m, "n": 4096, "k": k})
         orders = [list("mnk")] * 4
-        plans = [make_plan(w, hw, orders, [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": band},
-                                           {"m": 8, "n": 2048, "k": band}, {"m": 8, "n": 2048, "k": 128}])
+        plans = [make_plan(w, hw, orders, [{"m": m, "n": width, "k": 1}, {"m": m, "n": width, "k": band},
+                                           {"m": m, "n": 2048, "k": band}, {"m": m, "n": 2048, "k": 128}])
                  for band in bands]
         plans.append(tune(w, hw, top=0).plan)
         seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
         for name, plan, s in zip([f"band {b}" for b in bands] + ["tune's plan"], plans, seconds):
-            rows.append([f"8x4096x{k}", name, plan_spec(plan, " / "), f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
+            rows.append([f"{m}x4096x{k}", name, plan_spec(plan, " / "), f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
     return rows
 
 
