@@ -24,7 +24,7 @@ from tvm import s_tir, tirx
 from ..models.caches import (
     LINE_BYTES, CacheSite, Layout, cache_records, copied_out, crops, double_buffer_reason, effective_tiles,
     holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
-    trips, walk,
+    threads_apart, trips, walk,
 )
 from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
@@ -84,7 +84,8 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
                          nests, padded, lanes, copy_cores, parallel_at, pipelined)
-        _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores)
+        _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
+                    parallel.get(op.name))
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded)
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
@@ -278,19 +279,22 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
 TILE_ROW_VECTORS = 4
 
 
-def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int) -> None:
+def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int, split=None) -> None:
     """The output's register tile, at its level-0 key-slice; or, when the tile must resume from
     its running sum (TensorIR has no read-modify-write cache of a reduction), the output's
     block in a contiguous buffer that the tile accumulates into, zeroed at `start` and written
     back once, instead of the row-major array, whose strided rows conflict in the caches
     (models/caches.output_plan; a chain's intermediate is such a buffer already). `cores`: the
-    cores a crop pass of its own shares (1 when the kernel runs serially)."""
+    cores a crop pass of its own shares (1 when the kernel runs serially); `split`: the op's
+    parallel loop (caches.parallel_positions), if any."""
     plan = output_plan(workload, orders, op, tiles, padded)
     if plan is not None:
         holder, start = plan.holder, plan.start
         if holder is not None:
             back = sch.cache_write(block, 0, "global")
-            _skew_rows(sch, block, holder_block(workload, orders, op, tiles, padded, holder)[-1], workload.elem_bytes)
+            shape = holder_block(workload, orders, op, tiles, padded, holder)
+            shape = _threads_apart(sch, block, workload, orders, op, tiles, shape, holder, split)
+            _skew_rows(sch, block, shape[-1], workload.elem_bytes)
             sch.reverse_compute_at(back, nests.get(op, holder), preserve_unit_loops=True)
             if crops(workload, op, padded):
                 sch.reverse_compute_inline(sch.get_sblock(op.output))
@@ -300,7 +304,9 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             # alias: the copy out is a pass of its own, as wide as a root copy (serial and
             # scalar, a crop cost gemm 1024^3 with 6-row tiles about 5%).
             out = sch.get_sblock(op.output) if crops(workload, op, padded) else sch.cache_write(block, 0, "global")
-            _skew_rows(sch, block, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
+            shape = [padded[x] for x in workload.tensors[op.output].dims]
+            shape = _threads_apart(sch, block, workload, orders, op, tiles, shape, None, split)
+            _skew_rows(sch, block, shape[-1], workload.elem_bytes)
             crop = sch.get_loops(out)
             if cores > 1:
                 sch.parallel(crop[0])
@@ -321,6 +327,17 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         if workload.tensors[op.output].role == "intermediate":  # its blocks' rows alias like an output's
             _skew_rows(sch, moves, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
     _vectorize(sch, sch.get_loops(moves)[-1], lanes, TILE_ROW_VECTORS)  # zeroing or storing the tile
+
+
+def _threads_apart(sch, block, workload, orders, op, tiles, shape: list[int], holder, split) -> list[int]:
+    """Lay the buffer `block` accumulates into out with each thread's part contiguous where
+    caches.threads_apart says so; returns the buffer block's shape in that layout."""
+    apart = threads_apart(workload, orders, op, tiles, shape, holder, split)
+    if apart is None:
+        return shape
+    axis, chunk = apart
+    sch.transform_layout(block, ("write", 0), lambda *v: [v[axis] // chunk, *v[:axis], v[axis] % chunk, *v[axis + 1:]])
+    return [shape[axis] // chunk, *shape[:axis], chunk, *shape[axis + 1:]]
 
 
 def _skew_rows(sch, block, row: int, elem_bytes: int) -> None:

@@ -28,6 +28,7 @@ accumulate in the register tile, filled at their level-0 key-slice.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from typing import Literal
@@ -380,11 +381,36 @@ def double_buffer_reason(workload: Workload, site: CacheSite, parallel: dict[str
     return None
 
 
+def threads_apart(workload: Workload, orders, op: Op, tiles, shape: list[int], holder: Position | None,
+                  split: Position | None) -> tuple[int, int] | None:
+    """(axis, chunk) when the CPU backend lays the buffer an output accumulates in (of `shape`:
+    a holder's block, or with `holder` None a padded output or the copy of one, which span the
+    whole kernel) out with each thread's part contiguous: the parallel loop `split` runs under
+    it and splits one of its dims after the first of extent over 1, whose index v becomes (v // chunk, ...,
+    v % chunk), the chunk one parallel iteration covers moved outermost. None: as it is.
+
+    Split along its rows, the threads' parts of every row share its pages and its streams:
+    gemm 127x251x509 with `nkm:7,32,1 / nmk:7,32,1 / nkm:7,128,2 / knm:127,251,16` (the whole
+    padded C accumulated across the outer k loop, its 7x32 tiles reloaded every 2 k steps, n
+    split in two 128-column halves) ran in 1.8-2.3 ms on two cores and 0.46 ms on one; with
+    each half contiguous, 0.34 ms on two (AMD EPYC Zen 4, BENCHMARKS.md "Holder session")."""
+    dims = workload.tensors[op.output].dims
+    if split is None or split[0] not in dims[1:]:
+        return None
+    positions = walk(workload, orders, op)
+    if holder is not None and positions.index(split) <= positions.index(holder):
+        return None  # each parallel iteration has a holder block of its own
+    axis, chunk = dims.index(split[0]), tiles[split[1]][split[0]]
+    if shape[axis] % chunk or shape[axis] == chunk or math.prod(shape[:axis]) == 1:
+        return None  # uneven parts, one part, or the parts contiguous already (dims before it of extent 1)
+    return axis, chunk
+
+
 def cache_records(workload: Workload, level_names: list[str], orders, tiles, padded, sites: list[CacheSite],
                   double_buffer: bool, cores: int = 1) -> list[CacheRecord]:
     """Records for the input cache `sites` plus each output's register tile (tiles effective).
     With `double_buffer`, each input cache says whether it is pipelined, or why not."""
-    parallel = parallel_positions(workload, orders, tiles, cores) if double_buffer else {}
+    parallel = parallel_positions(workload, orders, tiles, cores)
     records = []
     for s in sites:
         why = double_buffer_reason(workload, s, parallel, len(tiles) - 1) if double_buffer else None
@@ -399,10 +425,16 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
         elif plan.holder is not None:
             layout = (f"contiguous buffer of its block under {attach_name(plan.holder, level_names)}, zeroed at "
                       f"{attach_name(plan.start, level_names)}, accumulated by the register tile, written back once")
+            shape = holder_block(workload, orders, op, tiles, padded, plan.holder)
+            if threads_apart(workload, orders, op, tiles, shape, plan.holder, parallel.get(op.name)):
+                layout += " (each thread's part contiguous)"
         else:
             layout = f"zeroed at {attach_name(plan.start, level_names)}, accumulated in place"
             if copied_out(workload, op, padded):
                 layout += " in a buffer of the whole output (rows skewed), copied out once"
+                shape = [padded[x] for x in workload.tensors[op.output].dims]
+                if threads_apart(workload, orders, op, tiles, shape, None, parallel.get(op.name)):
+                    layout += " (each thread's part contiguous)"
         records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
                                    layout=layout, double_buffer=False, skipped_thrifty=False))
     return records

@@ -149,4 +149,5 @@ class Target:
         """What the plan document adds on this machine: (cache records, launch or None)."""
         from ..caches import plan_caches
 
-        return plan_caches(workload, names, orders, tiles), None
+        cores = self.hardware.cores if self.hardware is not None else 1
+        return plan_caches(workload, names, orders, tiles, cores=cores), None
