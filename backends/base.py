@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from ..models.errors import BuildFailed, CachetileError, InvalidInput
+from ..models.errors import BuildFailed, CachetileError, InvalidInput, Unavailable
 from ..models.hardware import Hardware
 from ..models.measurement import Export, Measurement
 from ..models.plan import CacheRecord, Plan, TuneResult
@@ -76,6 +76,13 @@ class Backend:
     def unavailable(self) -> str | None:
         """Why kernels cannot be measured on this machine (None: they can)."""
         return None
+
+    def check_measurable(self) -> None:
+        """Raise Unavailable where kernels cannot be measured on this machine: callers that will
+        measure ask first, before planning and building for nothing."""
+        reason = self.unavailable()
+        if reason:
+            raise Unavailable(f"measuring a {self.name} kernel needs a GPU: {reason}")
 
     def check(self, hardware: Hardware) -> None:
         """Raise InvalidInput unless this backend builds plans for the hardware's target."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import tempfile
 
-from ..models.errors import InvalidInput, Unavailable
+from ..models.errors import InvalidInput
 from .base import Backend, BuildOptions, Built, register
 
 ARCHES = ("sm_70", "sm_80", "sm_90")
@@ -36,9 +36,7 @@ class CudaBackend(Backend):
     def measure(self, result, plan=None, repeat=20, progress=None, built=None, options=None):
         from .cuda_run import run
 
-        reason = self.unavailable()
-        if reason:
-            raise Unavailable(f"measuring a cuda kernel needs a GPU: {reason}")
+        self.check_measurable()
         options = options or BuildOptions()
         if plan is not None and plan is not result.plan:
             result = result.model_copy(update={"plan": plan, "alternatives": []})

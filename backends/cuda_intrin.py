@@ -18,19 +18,54 @@ implementations pass. backends/cuda_check.py runs schedules tensorized onto them
 """
 from __future__ import annotations
 
+import contextlib
+import inspect
+import linecache
+import sys
+
 import tvm
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin import cuda as _cuda  # registers the fp16 intrinsics
 from tvm.script import tirx as T
 
 from ..models.errors import InvalidInput
+
+
+@contextlib.contextmanager
+def cheap_frames():
+    """Within the block, inspect.stack() builds its frames from the code objects alone.
+
+    TVMScript's T.prim_func calls inspect.stack() for every function it parses, and
+    inspect finds each frame's module by scanning sys.modules: with TVM's 1,200 modules
+    loaded, importing its tensor intrinsics (248 prim_funcs) took 19-20 s. The parser
+    reads only each frame, its function's name and one line of source, which these
+    frames carry the same."""
+    def stack(context: int = 1):
+        frames, frame = [], sys._getframe(1)
+        while frame is not None:
+            code, line = frame.f_code, frame.f_lineno
+            text = linecache.getline(code.co_filename, line) if context > 0 else ""
+            frames.append(inspect.FrameInfo(frame, code.co_filename, line, code.co_name, [text] if text else None,
+                                            0 if text else None))
+            frame = frame.f_back
+        return frames
+
+    saved, inspect.stack = inspect.stack, stack
+    try:
+        yield
+    finally:
+        inspect.stack = saved
+
+
+with cheap_frames():
+    from tvm.s_tir.tensor_intrin import cuda as _cuda  # registers the fp16 intrinsics
 
 def _register_once(name: str, make) -> str:
     """Register the intrinsic `make()` returns (desc, impl) under `name` unless it exists."""
     try:
         TensorIntrin.get(name)
     except Exception:  # noqa: BLE001 - TVM raises its own error for an unknown name
-        TensorIntrin.register(name, *make())
+        with cheap_frames():
+            TensorIntrin.register(name, *make())
     return name
 
 

@@ -24,7 +24,7 @@ from cachetile.api.cli import main as cli_main
 from cachetile.backends.base import BuildOptions, get_backend
 from cachetile.backends.cuda_build import build_cuda
 from cachetile.backends.cuda_check import check_tensor_cores
-from cachetile.backends.cuda_intrin import emulated, intrin_names
+from cachetile.backends.cuda_intrin import cheap_frames, emulated, intrin_names
 from cachetile.backends.cuda_run import (describe, export_dirs, format_rows, from_bfloat16_bits,
                                          to_bfloat16_bits)
 from cachetile.models.costmodel import compute_seconds, level_usage
@@ -259,3 +259,31 @@ def test_a_new_user_exports_the_fp16_h100_gemm(tmp_path, capsys):
         done = subprocess.run([sys.executable, "-m", "cachetile.backends.cuda_run", str(tmp_path)],
                               capture_output=True, text=True, timeout=120)
         assert (done.returncode, done.stderr.strip()) == (2, "error: CuPy is not installed (pip install cupy-cuda12x)")
+
+
+def test_cheap_frames_parse_tvmscript_as_inspect_does():
+    """TVMScript parsed under cheap_frames (TVM's tensor intrinsics are imported so: 3 s instead
+    of 19-20) is the same function, its closure variables resolved; inspect.stack comes back."""
+    import inspect
+
+    import tvm_ffi
+    from tvm.script import tirx as T
+
+    def parsed(width: int):
+        @T.prim_func(s_tir=True)
+        def copy(a: T.handle, b: T.handle):
+            A = T.match_buffer(a, (width,), "float32")
+            B = T.match_buffer(b, (width,), "float32")
+            for i in range(width):
+                with T.sblock("copy"):
+                    v = T.axis.spatial(width, i)
+                    B[v] = A[v] * T.float32(2)
+        return copy
+
+    plain = parsed(24)
+    original = inspect.stack
+    with cheap_frames():
+        cheap = parsed(24)
+        assert inspect.stack is not original
+    assert inspect.stack is original
+    assert tvm_ffi.structural_equal(plain, cheap) and not tvm_ffi.structural_equal(plain, parsed(16))
