@@ -358,6 +358,16 @@ def _pick(workload, orders, tiles, cores, cands):
     """Index into `cands` and trips of the first candidate with >= cores trips, else the one
     with most trips (-1 and 1 trip when there is none); vectorised over tile arrays."""
     shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims])
+    if not shape:  # one plan (the polish costs them one at a time): plain numbers, no 0-d arrays
+        best, best_trips = -1, 1.0
+        for i, (x, j) in enumerate(cands):
+            parent = tiles[j + 1][x] if j + 1 < len(tiles) else workload.dims[x]
+            t = float(math.ceil(float(parent) / float(tiles[j][x])))
+            if t >= cores:
+                return i, t
+            if t > best_trips:
+                best, best_trips = i, t
+        return best, best_trips
     pick, trips = np.full(shape, -1), np.ones(shape)
     best, best_trips = np.full(shape, -1), np.ones(shape)
     for i, (x, j) in enumerate(cands):
@@ -381,7 +391,8 @@ def parallel_loops(workload: Workload, orders: Orders, tiles: Tiles, cores: int)
     cands = parallel_candidates(workload, orders, workload.ops[-1])
     pick, trips = _pick(workload, orders, tiles, cores, cands)
     top = len(orders) - 1
-    encloses = np.isin(pick, [i for i, (x, j) in enumerate(cands) if j == top and x in workload.shared_loops])
+    shared = [i for i, (x, j) in enumerate(cands) if j == top and x in workload.shared_loops]
+    encloses = np.isin(pick, shared) if np.ndim(pick) else pick in shared
     result = []
     for op in workload.ops[:-1]:
         p_pick, p_trips = _pick(workload, orders, tiles, cores, parallel_candidates(workload, orders, op))
