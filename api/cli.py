@@ -259,7 +259,7 @@ def run(argv: list[str]) -> int:
     hardware = _hardware(args.hardware)
     backend = backend_for(hardware, args.target)
     if args.measure:
-        backend.check_measurable()  # before planning and building a kernel that cannot run here
+        backend.raise_if_unavailable()  # before planning and building a kernel that cannot run here
     request = PlanRequest(workload=_workload(args), hardware=hardware, solver=args.solver,
                           time_limit=args.time_limit, top=args.top, stages=args.stages, autotune=args.autotune,
                           rpc=args.rpc, target_host=args.target_host)

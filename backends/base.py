@@ -72,17 +72,18 @@ class Backend:
 
     name: str = ""
     files: tuple[str, ...] = ()  # what export writes
+    device: str = "its device"  # what measuring its kernels needs (raise_if_unavailable's message)
 
     def unavailable(self) -> str | None:
         """Why kernels cannot be measured on this machine (None: they can)."""
         return None
 
-    def check_measurable(self) -> None:
+    def raise_if_unavailable(self) -> None:
         """Raise Unavailable where kernels cannot be measured on this machine: callers that will
         measure ask first, before planning and building for nothing."""
         reason = self.unavailable()
         if reason:
-            raise Unavailable(f"measuring a {self.name} kernel needs a GPU: {reason}")
+            raise Unavailable(f"measuring a {self.name} kernel needs {self.device}: {reason}")
 
     def check(self, hardware: Hardware) -> None:
         """Raise InvalidInput unless this backend builds plans for the hardware's target."""

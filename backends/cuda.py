@@ -14,6 +14,7 @@ ARCHES = ("sm_70", "sm_80", "sm_90")
 class CudaBackend(Backend):
     name = "cuda"
     files = ("plan.json", "schedule.py", "kernel.cu", "launch.json")
+    device = "a GPU"
 
     def unavailable(self) -> str | None:
         from .cuda_run import gpu_unavailable
@@ -36,7 +37,7 @@ class CudaBackend(Backend):
     def measure(self, result, plan=None, repeat=20, progress=None, built=None, options=None):
         from .cuda_run import run
 
-        self.check_measurable()
+        self.raise_if_unavailable()
         options = options or BuildOptions()
         if plan is not None and plan is not result.plan:
             result = result.model_copy(update={"plan": plan, "alternatives": []})

@@ -59,6 +59,8 @@ def cheap_frames():
 with cheap_frames():
     from tvm.s_tir.tensor_intrin import cuda as _cuda  # registers the fp16 intrinsics
 
+shared_16x16_to_ldmatrix_32x8_layout = _cuda.shared_16x16_to_ldmatrix_32x8_layout  # for cuda_tc
+
 def _register_once(name: str, make) -> str:
     """Register the intrinsic `make()` returns (desc, impl) under `name` unless it exists."""
     try:

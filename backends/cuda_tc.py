@@ -29,15 +29,14 @@ from __future__ import annotations
 
 from tvm import s_tir, te, tirx
 
-from .cuda_intrin import cast_fragment_intrin, emulated, intrin_names, store_cast_intrin  # first: imports TVM's intrinsics fast
-from tvm.s_tir.tensor_intrin.cuda import shared_16x16_to_ldmatrix_32x8_layout  # noqa: E402,I001
-
 from ..models.caches import effective_tiles, trips, walk
 from ..models.errors import InvalidInput
 from ..models.gpu import block_loops
 from ..models.targets.tensor_cores import (COPY_ELEMENTS, FRAGMENT, ROW_PAD, STAGING_PAD, arch_number,
                                            effective_stages, products)
 from .base import Emitted
+from .cuda_intrin import (cast_fragment_intrin, emulated, intrin_names, shared_16x16_to_ldmatrix_32x8_layout,
+                          store_cast_intrin)
 
 SHARED = "shared.dyn"
 WARP = 32

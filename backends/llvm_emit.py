@@ -23,7 +23,7 @@ from tvm import s_tir, tirx
 
 from ..models.caches import (
     LINE_BYTES, CacheSite, Layout, cache_records, copied_out, crops, double_buffer_reason, effective_tiles,
-    holder_block, input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
+    input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
     threads_apart, trips, walk,
 )
 from ..models.costmodel import data_volume
@@ -292,9 +292,8 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         holder, start = plan.holder, plan.start
         if holder is not None:
             back = sch.cache_write(block, 0, "global")
-            shape = holder_block(workload, orders, op, tiles, padded, holder)
-            shape = _threads_apart(sch, block, workload, orders, op, tiles, shape, holder, split)
-            _skew_rows(sch, block, shape[-1], workload.elem_bytes)
+            row = _threads_apart(sch, block, workload, orders, op, tiles, padded, holder, split)
+            _skew_rows(sch, block, row, workload.elem_bytes)
             sch.reverse_compute_at(back, nests.get(op, holder), preserve_unit_loops=True)
             if crops(workload, op, padded):
                 sch.reverse_compute_inline(sch.get_sblock(op.output))
@@ -304,9 +303,8 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             # alias: the copy out is a pass of its own, as wide as a root copy (serial and
             # scalar, a crop cost gemm 1024^3 with 6-row tiles about 5%).
             out = sch.get_sblock(op.output) if crops(workload, op, padded) else sch.cache_write(block, 0, "global")
-            shape = [padded[x] for x in workload.tensors[op.output].dims]
-            shape = _threads_apart(sch, block, workload, orders, op, tiles, shape, None, split)
-            _skew_rows(sch, block, shape[-1], workload.elem_bytes)
+            row = _threads_apart(sch, block, workload, orders, op, tiles, padded, None, split)
+            _skew_rows(sch, block, row, workload.elem_bytes)
             crop = sch.get_loops(out)
             if cores > 1:
                 sch.parallel(crop[0])
@@ -329,15 +327,15 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
     _vectorize(sch, sch.get_loops(moves)[-1], lanes, TILE_ROW_VECTORS)  # zeroing or storing the tile
 
 
-def _threads_apart(sch, block, workload, orders, op, tiles, shape: list[int], holder, split) -> list[int]:
+def _threads_apart(sch, block, workload, orders, op, tiles, padded, holder, split) -> int:
     """Lay the buffer `block` accumulates into out with each thread's part contiguous where
-    caches.threads_apart says so; returns the buffer block's shape in that layout."""
-    apart = threads_apart(workload, orders, op, tiles, shape, holder, split)
+    caches.threads_apart says so; returns the length of its rows in that layout."""
+    shape, apart = threads_apart(workload, orders, op, tiles, padded, holder, split)
     if apart is None:
-        return shape
+        return shape[-1]
     axis, chunk = apart
     sch.transform_layout(block, ("write", 0), lambda *v: [v[axis] // chunk, *v[:axis], v[axis] % chunk, *v[axis + 1:]])
-    return [shape[axis] // chunk, *shape[:axis], chunk, *shape[axis + 1:]]
+    return chunk if axis == len(shape) - 1 else shape[-1]
 
 
 def _skew_rows(sch, block, row: int, elem_bytes: int) -> None:

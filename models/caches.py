@@ -381,13 +381,14 @@ def double_buffer_reason(workload: Workload, site: CacheSite, parallel: dict[str
     return None
 
 
-def threads_apart(workload: Workload, orders, op: Op, tiles, shape: list[int], holder: Position | None,
-                  split: Position | None) -> tuple[int, int] | None:
-    """(axis, chunk) when the CPU backend lays the buffer an output accumulates in (of `shape`:
-    a holder's block, or with `holder` None a padded output or the copy of one, which span the
-    whole kernel) out with each thread's part contiguous: the parallel loop `split` runs under
-    it and splits one of its dims after the first of extent over 1, whose index v becomes (v // chunk, ...,
-    v % chunk), the chunk one parallel iteration covers moved outermost. None: as it is.
+def threads_apart(workload: Workload, orders, op: Op, tiles, padded, holder: Position | None,
+                  split: Position | None) -> tuple[list[int], tuple[int, int] | None]:
+    """The shape of the buffer an output accumulates in (a holder's block, or with `holder` None
+    a padded output or the copy of one, which span the whole kernel), and (axis, chunk) when
+    the CPU backend lays it out with each thread's part contiguous: the parallel loop `split`
+    runs under it and splits one of its dims after the first of extent over 1, whose index v
+    becomes (v // chunk, ..., v % chunk), the chunk one parallel iteration covers moved
+    outermost. None: as it is.
 
     Split along its rows, the threads' parts of every row share its pages and its streams:
     gemm 127x251x509 with `nkm:7,32,1 / nmk:7,32,1 / nkm:7,128,2 / knm:127,251,16` (the whole
@@ -395,15 +396,16 @@ def threads_apart(workload: Workload, orders, op: Op, tiles, shape: list[int], h
     split in two 128-column halves) ran in 1.8-2.3 ms on two cores and 0.46 ms on one; with
     each half contiguous, 0.34 ms on two (AMD EPYC Zen 4, BENCHMARKS.md "Holder session")."""
     dims = workload.tensors[op.output].dims
+    shape = holder_block(workload, orders, op, tiles, padded, holder) if holder else [padded[x] for x in dims]
     if split is None or split[0] not in dims[1:]:
-        return None
+        return shape, None
     positions = walk(workload, orders, op)
     if holder is not None and positions.index(split) <= positions.index(holder):
-        return None  # each parallel iteration has a holder block of its own
+        return shape, None  # each parallel iteration has a holder block of its own
     axis, chunk = dims.index(split[0]), tiles[split[1]][split[0]]
     if shape[axis] % chunk or shape[axis] == chunk or math.prod(shape[:axis]) == 1:
-        return None  # uneven parts, one part, or the parts contiguous already (dims before it of extent 1)
-    return axis, chunk
+        return shape, None  # uneven parts, one part, or the parts contiguous already (dims before it of extent 1)
+    return shape, (axis, chunk)
 
 
 def cache_records(workload: Workload, level_names: list[str], orders, tiles, padded, sites: list[CacheSite],
@@ -425,15 +427,13 @@ def cache_records(workload: Workload, level_names: list[str], orders, tiles, pad
         elif plan.holder is not None:
             layout = (f"contiguous buffer of its block under {attach_name(plan.holder, level_names)}, zeroed at "
                       f"{attach_name(plan.start, level_names)}, accumulated by the register tile, written back once")
-            shape = holder_block(workload, orders, op, tiles, padded, plan.holder)
-            if threads_apart(workload, orders, op, tiles, shape, plan.holder, parallel.get(op.name)):
+            if threads_apart(workload, orders, op, tiles, padded, plan.holder, parallel.get(op.name))[1]:
                 layout += " (each thread's part contiguous)"
         else:
             layout = f"zeroed at {attach_name(plan.start, level_names)}, accumulated in place"
             if copied_out(workload, op, padded):
                 layout += " in a buffer of the whole output (rows skewed), copied out once"
-                shape = [padded[x] for x in workload.tensors[op.output].dims]
-                if threads_apart(workload, orders, op, tiles, shape, None, parallel.get(op.name)):
+                if threads_apart(workload, orders, op, tiles, padded, None, parallel.get(op.name))[1]:
                     layout += " (each thread's part contiguous)"
         records.append(CacheRecord(tensor=op.output, level=level_names[0], attach_loop=attach_name(key, level_names),
                                    layout=layout, double_buffer=False, skipped_thrifty=False))
