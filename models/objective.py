@@ -168,9 +168,10 @@ def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence
 INNER_STEPS = 1
 
 
-def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> Outermost:
-    """`outermost`, with the sweep of every inner cache level's tile inside its parent tile (its
-    innermost split loop, INNER_STEPS): a cache that holds the tiles one trip of that loop walks
+def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
+          steps: int | None = INNER_STEPS) -> Outermost:
+    """`outermost`, with the sweeps of every inner cache level's tile inside its parent tile (along
+    its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of that loop walks
     keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
@@ -186,7 +187,7 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles) -> O
         private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
         cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private, crowd) if private else [])
     inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
-                                 INNER_STEPS, crowd)
+                                 steps, crowd)
              for level, fit in enumerate(fits[:-1]) if fit is not None}
     return top._replace(inner=inner)
 
@@ -384,11 +385,14 @@ def memory_extra(whole: WholeProblem | None, caches: Sequence[int | None], tile:
     return whole.to_memory(tile, caches[-2] if len(caches) > 1 else None)
 
 
-def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles) -> list:
+def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles,
+               steps: int | None = INNER_STEPS) -> list:
     """The bytes the time objective charges each level of one plan (its DV and MU per level, its
-    orders and tiles): effective_dv with this hardware's caches and the workload as a whole."""
+    orders and tiles): effective_dv with this hardware's caches and the workload as a whole;
+    `steps`: the loops an inner cache's tile is grown along (swept; None: every one)."""
     whole = whole_problem(workload, hardware)
-    return effective_dv(dv, mu, time_objective(hardware).caches, whole, swept(workload, hardware, whole, orders, tiles))
+    return effective_dv(dv, mu, time_objective(hardware).caches, whole,
+                        swept(workload, hardware, whole, orders, tiles, steps))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:

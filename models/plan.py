@@ -81,7 +81,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     charged = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
     links = objective.links(charged)
     predicted, worst = objective.value(compute, links, serial)
-    expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, mu, costs)
+    expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, costs)
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(
