@@ -154,12 +154,17 @@ def outermost(workload, hardware: Hardware, whole: WholeProblem, order: Sequence
     in L2 across the k loop, which the tiles inside cannot tell it. `crowd`: what a grown tile's
     MU adds for rows that crowd into a share of the sets (crowding.crowding)."""
     if fit is None:
-        fits = [hardware.target.cache_bytes(i) for i in range(len(hardware.levels))]
-        fit = max((f for f in fits if f is not None and f < whole.mu), default=None)
+        fit = outer_fit([hardware.target.cache_bytes(i) for i in range(len(hardware.levels))], whole)
     if fit is None or whole.mu <= fit:
         return Outermost(tile, [])
     return Outermost(tile, grown_sweeps(workload, hardware, len(hardware.levels) - 1, [order], [tile],
                                         workload.dims, fit, crowd=crowd))
+
+
+def outer_fit(caches: Sequence[int | None], whole: WholeProblem) -> int | None:
+    """The largest of the hardware caches (bytes per level) that the whole problem overflows: what
+    the outermost tile's sweeps must fit (outermost). None where it overflows none."""
+    return max((f for f in caches if f is not None and f < whole.mu), default=None)
 
 
 # Loops an inner cache's tile is grown along (swept): the innermost one. Growing along more
@@ -169,21 +174,23 @@ INNER_STEPS = 1
 
 
 def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
-          steps: int | None = INNER_STEPS) -> Outermost:
+          steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None) -> Outermost:
     """`outermost`, with the sweeps of every inner cache level's tile inside its parent tile (along
-    its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of that loop walks
-    keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
+    its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of
+    that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
     blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
     for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
     only where the sets their rows crowd into hold it (crowding.crowding). The enumeration's caps
     leave that out, as bounds from below: which inputs are copied is known only once every level
-    is fixed, and the polish and the final ranking score each plan here."""
+    is fixed, and the polish and the final ranking score each plan here. `caches`: the bytes each
+    level's cache keeps (default: the hardware's, Target.cache_bytes)."""
     from .crowding import crowding
 
-    fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))]
+    fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))] if caches is None else list(caches)
     private = private_fit(fits)
     crowd = crowding(workload, hardware, tiles)
-    top = outermost(workload, hardware, whole, orders[-1], tiles[-1], crowd=crowd)._replace(
+    fit = outer_fit(fits, whole)
+    top = outermost(workload, hardware, whole, orders[-1], tiles[-1], whole.mu if fit is None else fit, crowd)._replace(
         private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
         cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private, crowd) if private else [])
     inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
@@ -386,13 +393,14 @@ def memory_extra(whole: WholeProblem | None, caches: Sequence[int | None], tile:
 
 
 def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles,
-               steps: int | None = INNER_STEPS) -> list:
+               steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None) -> list:
     """The bytes the time objective charges each level of one plan (its DV and MU per level, its
-    orders and tiles): effective_dv with this hardware's caches and the workload as a whole;
-    `steps`: the loops an inner cache's tile is grown along (swept; None: every one)."""
+    orders and tiles): effective_dv with this hardware's caches (or `caches`, bytes per level)
+    and the workload as a whole; `steps`: the loops an inner cache's tile is grown along
+    (swept; None: every one)."""
     whole = whole_problem(workload, hardware)
-    return effective_dv(dv, mu, time_objective(hardware).caches, whole,
-                        swept(workload, hardware, whole, orders, tiles, steps))
+    caches = time_objective(hardware).caches if caches is None else tuple(caches)
+    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, steps, caches))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:

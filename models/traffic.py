@@ -6,10 +6,10 @@ an outer tile whole moves only that tile's DV (objective.effective_dv). The kern
 copies each packed input: the copy at level L reads the source through every
 level inside L (misses there) and writes its buffer, whose lines are fetched
 for ownership at every level up to L (write-allocate). Where the buffers copied
-at the same loop, one after another, fit a level together (its usable share,
-targets/simd_cpu.py), the lines the copy brought in are still there when the
-FMA loops first read them: those first fills are not paid twice. A buffer that
-also fits beside the level's own tile is fetched
+at the same loop, one after another, fit a level together (the share it keeps of
+a cycling working set, Target.kept_bytes), the lines the copy brought in are
+still there when the FMA loops first read them: those first fills are not paid
+twice. A buffer that also fits beside the level's own tile is fetched
 for ownership once, however often the copy rewrites it (gemm 250^3 packs a
 16 KiB panel of B for every column block: 0.24 MiB of copies, one fetch). An
 output accumulated across a reduction is zeroed first (missing wherever the
@@ -61,8 +61,9 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
                         costs: KernelCosts | None) -> list[float]:
     """The bytes each level is expected to take in, given what the time objective charges the
     plan (`charged`: objective.charged_dv): inside the outermost level, what it charges the
-    padded problem (padded_problem) with each inner cache's tile swept along every loop, since
-    the arrays in memory are the logical ones and the padded buffers live in the caches; plus
+    padded problem (padded_problem), with each inner cache's tile swept along every loop and
+    each cache keeping its kept_bytes (targets/simd_cpu.py: KEPT_STREAMS), since the arrays in
+    memory are the logical ones and the padded buffers live in the caches; plus
     what the kernel's copies, zeroing and write-back add (`costs`; None, a target that models
     none: `charged` as it is). The search sweeps one loop (objective.INNER_STEPS) to plan fast;
     for one plan, every one costs little: chain 128 in 2x128x32x32 L1 tiles keeps B and D whole
@@ -73,15 +74,16 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
     workload, tiles = padded_problem(workload, tiles)
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
-    dv = [*(float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles, steps=None)[:-1]), charged[-1]]
     target = hardware.target
+    kept = [target.kept_bytes(j) for j in range(len(tiles))]
+    dv = [*(float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles, None, kept)[:-1]), charged[-1]]
     together = {}  # the buffers filled at one loop position, one after another
     for _, level, _, buffer, key in costs.copies:
         together[level, key] = together.get((level, key), 0.0) + buffer
     for tensor, level, nbytes, buffer, key in costs.copies:
         mine = data_volume(workload, orders, tiles, hardware=hardware, only={tensor})
         for j in range(1, level + 1):
-            usable = target.cache_bytes(j)
+            usable = kept[j]
             if j == level:
                 dv[j] += nbytes
                 continue
@@ -92,5 +94,5 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
             dv[j] += nbytes + owned - credit
     for _, zeroed, block, written in costs.outputs:
         for j in range(1, len(dv)):
-            dv[j] += written + (zeroed if block > target.cache_bytes(j) else 0.0)
+            dv[j] += written + (zeroed if block > kept[j] else 0.0)
     return dv

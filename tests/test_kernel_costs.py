@@ -374,7 +374,8 @@ def test_buffers_packed_one_after_another_evict_each_other():
     root one after the other. Each alone fits L1's usable share, both do not, so the FMA loops'
     first reads miss again: L1 takes each copy's writes and its buffer's fetch for ownership,
     with no read credited (valgrind, chain 2x97x113: 0.76 MiB missed; 0.55 expected with the
-    credit, 0.72 without). The FMA loops read the padded problem (padded_problem: l is 128)."""
+    credit, 0.72 without). The FMA loops read the padded problem (padded_problem: l is 128),
+    and L1 keeps what a cycling working set may use of it (kept_bytes), swept along every loop."""
     from cachetile.models.traffic import expected_traffic, padded_problem
 
     w, hw, orders, tiles = SWEPT_CHAIN, AVX2_CACHES, SWEPT_ORDERS, SWEPT_TILES
@@ -382,7 +383,9 @@ def test_buffers_packed_one_after_another_evict_each_other():
     assert copies == [("B", 3, 64 * 128 * 4, 64 * 128 * 4, None), ("D", 3, 128 * 64 * 4, 128 * 64 * 4, None)]
     padded, inside = padded_problem(w, tiles)
     assert padded.dims == {**w.dims, "l": 128} and inside[1] == {**tiles[1], "l": 128}
-    charged = charged_dv(padded, hw, *_dv_and_mu(padded, hw, orders, inside), orders, inside)
+    kept = [hw.target.kept_bytes(j) for j in range(len(tiles))]
+    assert kept[1] == 40960 < 2 * 32768
+    charged = charged_dv(padded, hw, *_dv_and_mu(padded, hw, orders, inside), orders, inside, None, kept)
     assert expected_traffic(w, hw, orders, tiles)[1] == charged[1] + 2 * (2 * 32768)
 
 
@@ -446,13 +449,13 @@ def test_a_packed_panel_that_stays_beside_the_tile_is_fetched_once():
     assert traffic[2] == once + 2 * 250 * 6 * 4 + 250 * 16 * 4
     padded, inside = padded_problem(w, tiles)
     assert padded.dims == {"m": 250, "n": 256, "k": 250}
-    charged = charged_dv(padded, hw, *_dv_and_mu(padded, hw, orders, inside), orders, inside)
-    assert traffic[1] == charged[1] + 250 * 16 * 4  # the padded reads credited, the panel fetched once
     small = hw.model_copy(update={"levels": [hw.levels[0], hw.levels[1].model_copy(update={"capacity_bytes": 32768,
                                                                                           "ways": 8}),
                                              *hw.levels[2:]]})
-    charged = charged_dv(padded, small, *_dv_and_mu(padded, small, orders, inside), orders, inside)
-    assert expected_traffic(w, small, orders, tiles)[1] == charged[1] + 250 * 256 * 4  # every rewrite fetched
+    for machine, rewrites in ((hw, 1), (small, 256 // 16)):  # the panel fetched once, or at every rewrite
+        kept = [machine.target.kept_bytes(j) for j in range(len(tiles))]
+        charged = charged_dv(padded, machine, *_dv_and_mu(padded, machine, orders, inside), orders, inside, None, kept)
+        assert expected_traffic(w, machine, orders, tiles)[1] == charged[1] + rewrites * 250 * 16 * 4
 
 
 def _streaming_hardware(run_start_bytes: float) -> Hardware:

@@ -85,6 +85,12 @@ class Target:
         model stays Accera's (abstract hierarchies): there a level moves exactly its DV."""
         return None
 
+    def kept_bytes(self, index: int) -> int | None:
+        """What an LRU cache at level `index` keeps of a working set that cycles through it whole:
+        the share the expected traffic counts (models/traffic.py). The time objective ranks plans
+        with cache_bytes."""
+        return self.cache_bytes(index)
+
     def capacity_for(self, level, need: float) -> int:
         """The smallest capacity of `level` whose usable share holds `need` bytes."""
         return int(math.ceil(need))
