@@ -103,4 +103,5 @@ def crowding(workload, hardware, tiles) -> Callable[[Mapping], np.ndarray] | Non
             total = total + np.where(pieces, rows * last * elem * (1 / share - 1), 0.0)
         return total
 
+    extra.names = tuple(unpacked)  # the inputs whose rows may crowd
     return extra

@@ -174,7 +174,8 @@ INNER_STEPS = 1
 
 
 def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
-          steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None) -> Outermost:
+          steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None,
+          crowded_apart: bool = False) -> Outermost:
     """`outermost`, with the sweeps of every inner cache level's tile inside its parent tile (along
     its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of
     that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
@@ -183,7 +184,8 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     only where the sets their rows crowd into hold it (crowding.crowding). The enumeration's caps
     leave that out, as bounds from below: which inputs are copied is known only once every level
     is fixed, and the polish and the final ranking score each plan here. `caches`: the bytes each
-    level's cache keeps (default: the hardware's, Target.cache_bytes)."""
+    level's cache keeps (default: the hardware's, Target.cache_bytes). `crowded_apart` (one plan,
+    scalar tiles): each sweep also stands in with the crowding inputs streamed (crowded_sweeps)."""
     from .crowding import crowding
 
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))] if caches is None else list(caches)
@@ -196,6 +198,11 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
                                  steps, crowd)
              for level, fit in enumerate(fits[:-1]) if fit is not None}
+    if crowded_apart and crowd is not None:
+        for level, fit in enumerate(fits[:-1]):
+            if fit is not None:
+                inner[level] = [*inner[level], *grown_sweeps(workload, hardware, level, orders[level:], tiles[level:],
+                                                             tiles[level + 1], fit, steps, streamed=crowd.names)]
     return top._replace(inner=inner)
 
 
@@ -317,13 +324,23 @@ def private_fit(caches: Sequence[int | None]) -> int | None:
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
-                 steps: int | None = None, crowd: Callable | None = None) -> list:
+                 steps: int | None = None, crowd: Callable | None = None, streamed: Sequence[str] = ()) -> list:
     """(DV, MU) of tiles[0] (the tile of `level`, walked by orders[0] inside `parent`; orders and
     tiles of the outer levels follow) grown to the parent's extent along its innermost one, two,
     ... loops still split, while one fits `fit` bytes (DV inf where it does not), its MU raised by
-    `crowd` (the bytes its crowded rows take: crowding.crowding). Arrays allowed."""
+    `crowd` (the bytes its crowded rows take: crowding.crowding). The inputs `streamed` (rows that
+    crowd a few sets, streaming through those) are not kept: they move what tiles[0] moves of
+    them, and the others are kept in the rest of the sets. gemm 256^3 in 6x16 tiles reads a
+    16-column panel of B in place, 256 rows 1 KiB apart, in 4 of L1's 64 sets; valgrind's L1
+    kept the packed A across the panels all the same (11.7 MiB missed; 15.0 expected with A
+    reloaded for every panel, 10.8 with A kept). Arrays allowed."""
     from .costmodel import data_volume, level_usage
 
+    def moved(tile, outer, only=None):
+        return data_volume(workload, [orders[0], *orders[1:]], [tile, *outer], levels=[0], hardware=hardware,
+                           offset=level, only=only)[0]
+
+    own = moved(tiles[0], tiles[1:], set(streamed)) if streamed else 0.0  # what the streamed inputs move
     order = orders[0]
     sweeps, grown, done = [], dict(tiles[0]), False
     for _ in range(min(len(order), steps or len(order))):
@@ -340,8 +357,10 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
         subset = live.ndim and not live.all()  # cost only the candidates whose grown tile still fits
         pick = (lambda tile: {x: v[live] if np.shape(v) == live.shape else v for x, v in tile.items()}) if subset \
             else (lambda tile: tile)
-        dv = cost = data_volume(workload, [order, *orders[1:]], [pick(grown), *map(pick, tiles[1:])], levels=[0],
-                                hardware=hardware, offset=level)[0]
+        outer = list(map(pick, tiles[1:]))
+        dv = cost = moved(pick(grown), outer)
+        if streamed:
+            dv = cost = cost - moved(pick(grown), outer, set(streamed)) + pick({"own": own})["own"]
         if subset:  # the others' grown tiles do not fit: no DV of theirs counts
             dv = np.full(live.shape, np.inf)
             dv[live] = cost
@@ -369,7 +388,9 @@ def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole
     private = private_levels(caches)
     for i, fit in enumerate(caches):
         if fit is not None:
-            mine = grown if i == last else [*(top.inner.get(i, []) if top else []), *((d + extra, m) for d, m in grown)]
+            # A sweep of this level's tile or of an outer one's (inside its parent) stands in alike.
+            inner = [sweep for j, sweeps in (top.inner.items() if top else ()) if j >= i for sweep in sweeps]
+            mine = grown if i == last else [*inner, *((d + extra, m) for d, m in grown)]
             if i in private and top is not None:
                 mine = [*mine, *((d + extra, m) for d, m in top.cores)]
             outside = [*outer[i + 1:], *mine, *([whole[:2]] if whole is not None else [])]
@@ -393,14 +414,18 @@ def memory_extra(whole: WholeProblem | None, caches: Sequence[int | None], tile:
 
 
 def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders, tiles,
-               steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None) -> list:
+               caches: Sequence[int | None] | None = None) -> list:
     """The bytes the time objective charges each level of one plan (its DV and MU per level, its
-    orders and tiles): effective_dv with this hardware's caches (or `caches`, bytes per level)
-    and the workload as a whole; `steps`: the loops an inner cache's tile is grown along
-    (swept; None: every one)."""
+    orders and tiles): effective_dv with this hardware's caches and the workload as a whole.
+    Given `caches` (bytes each level keeps of a cycling working set: Target.kept_bytes), what
+    the caches are expected to move instead (models/traffic.py): each inner cache's tile swept
+    along every loop (the search grows it along INNER_STEPS, for plan time) and the crowding
+    inputs streamed apart (swept)."""
     whole = whole_problem(workload, hardware)
-    caches = time_objective(hardware).caches if caches is None else tuple(caches)
-    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, steps, caches))
+    if caches is None:
+        return effective_dv(dv, mu, time_objective(hardware).caches, whole, swept(workload, hardware, whole, orders, tiles))
+    caches = tuple(caches)
+    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, None, caches, True))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:

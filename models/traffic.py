@@ -76,7 +76,7 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
     target = hardware.target
     kept = [target.kept_bytes(j) for j in range(len(tiles))]
-    dv = [*(float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles, None, kept)[:-1]), charged[-1]]
+    dv = [*(float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles, kept)[:-1]), charged[-1]]
     together = {}  # the buffers filled at one loop position, one after another
     for _, level, _, buffer, key in costs.copies:
         together[level, key] = together.get((level, key), 0.0) + buffer
