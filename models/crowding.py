@@ -90,8 +90,10 @@ def crowding(workload, hardware, tiles) -> Callable[[Mapping], np.ndarray] | Non
         return None
     elem = workload.elem_bytes
 
-    def extra(tile: Mapping) -> np.ndarray:
-        total = np.zeros(())
+    def crowded(tile: Mapping) -> dict[str, tuple]:
+        """Per input, its block's rows, the bytes of each row's piece, and the share of the sets
+        those pieces use (1 where the block is not pieces of rows, or not read in place)."""
+        out = {}
         for name, mask in unpacked.items():
             dims = workload.tensors[name].dims
             last = np.asarray(tile[dims[-1]])
@@ -100,8 +102,12 @@ def crowding(workload, hardware, tiles) -> Callable[[Mapping], np.ndarray] | Non
                 rows = rows * np.asarray(tile[x])
             share = set_share(workload.dims[dims[-1]] * elem, last * elem, sets)
             pieces = mask & (rows > 1) & (last < workload.dims[dims[-1]])
-            total = total + np.where(pieces, rows * last * elem * (1 / share - 1), 0.0)
-        return total
+            out[name] = (rows, last * elem, np.where(pieces, share, 1.0))
+        return out
+
+    def extra(tile: Mapping) -> np.ndarray:
+        return sum((rows * run * (1 / share - 1) for rows, run, share in crowded(tile).values()), np.zeros(()))
 
     extra.names = tuple(unpacked)  # the inputs whose rows may crowd
+    extra.crowded = crowded
     return extra

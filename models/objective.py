@@ -31,6 +31,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from .costmodel import memory_usage, overlapped, parallel_candidates, parallel_loops, predicted_seconds
+from .caches import LINE_BYTES as LINE
 from .hardware import Hardware
 
 
@@ -202,7 +203,7 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
         for level, fit in enumerate(fits[:-1]):
             if fit is not None:
                 inner[level] = [*inner[level], *grown_sweeps(workload, hardware, level, orders[level:], tiles[level:],
-                                                             tiles[level + 1], fit, steps, streamed=crowd.names)]
+                                                             tiles[level + 1], fit, steps, streamed=crowd)]
     return top._replace(inner=inner)
 
 
@@ -324,23 +325,22 @@ def private_fit(caches: Sequence[int | None]) -> int | None:
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
-                 steps: int | None = None, crowd: Callable | None = None, streamed: Sequence[str] = ()) -> list:
+                 steps: int | None = None, crowd: Callable | None = None, streamed: Callable | None = None) -> list:
     """(DV, MU) of tiles[0] (the tile of `level`, walked by orders[0] inside `parent`; orders and
     tiles of the outer levels follow) grown to the parent's extent along its innermost one, two,
     ... loops still split, while one fits `fit` bytes (DV inf where it does not), its MU raised by
-    `crowd` (the bytes its crowded rows take: crowding.crowding). The inputs `streamed` (rows that
-    crowd a few sets, streaming through those) are not kept: they move what tiles[0] moves of
-    them, and the others are kept in the rest of the sets. gemm 256^3 in 6x16 tiles reads a
-    16-column panel of B in place, 256 rows 1 KiB apart, in 4 of L1's 64 sets; valgrind's L1
-    kept the packed A across the panels all the same (11.7 MiB missed; 15.0 expected with A
-    reloaded for every panel, 10.8 with A kept). Arrays allowed."""
+    `crowd` (the bytes its crowded rows take: crowding.crowding). With `streamed` instead (a
+    crowding.crowding), the inputs whose rows crowd a few sets are kept only as far as those
+    sets hold them (crowded_misses), and the other tensors in the rest of the sets. Arrays
+    allowed."""
     from .costmodel import data_volume, level_usage
 
     def moved(tile, outer, only=None):
         return data_volume(workload, [orders[0], *orders[1:]], [tile, *outer], levels=[0], hardware=hardware,
                            offset=level, only=only)[0]
 
-    own = moved(tiles[0], tiles[1:], set(streamed)) if streamed else 0.0  # what the streamed inputs move
+    # what each crowding input moves where it is not kept: its refills at tiles[0]
+    own = {name: moved(tiles[0], tiles[1:], {name}) for name in (streamed.names if streamed else ())}
     order = orders[0]
     sweeps, grown, done = [], dict(tiles[0]), False
     for _ in range(min(len(order), steps or len(order))):
@@ -349,7 +349,8 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
             split = np.asarray(grown[x]) < parent[x]
             grown[x] = np.where(split & ~found, parent[x], grown[x])
             found = found | split
-        mu = level_usage(workload, hardware, level, grown) + (crowd(grown) if crowd else 0.0)
+        plain = level_usage(workload, hardware, level, grown)
+        mu = plain + (crowd(grown) if crowd else 0.0)
         done = done | ~found | (mu > fit)
         if np.all(done):
             break
@@ -360,12 +361,37 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
         outer = list(map(pick, tiles[1:]))
         dv = cost = moved(pick(grown), outer)
         if streamed:
-            dv = cost = cost - moved(pick(grown), outer, set(streamed)) + pick({"own": own})["own"]
+            for name, miss in crowded_misses(hardware.levels[level], streamed.crowded(grown), plain).items():
+                dv = cost = cost + pick({"p": miss})["p"] * (pick(own)[name] - moved(pick(grown), outer, {name}))
         if subset:  # the others' grown tiles do not fit: no DV of theirs counts
             dv = np.full(live.shape, np.inf)
             dv[live] = cost
         sweeps.append((np.where(done, np.inf, dv), mu))
     return sweeps
+
+
+def crowded_misses(level, crowded: Mapping[str, tuple], held: np.ndarray | float) -> dict[str, np.ndarray]:
+    """Per input whose rows crowd a few sets of the cache `level` (crowding.crowding's `crowded`
+    of a kept tile: rows, bytes per row's piece, share of the sets), the share of its reuses that
+    miss. Under LRU a set whose lines are used in turn misses them all once one line more than
+    its ways lands in it between two uses: the crowded sets hold the input's lines, and the rest
+    of the tile's `held` bytes spread over all the sets (a Poisson count per set). batch-gemm
+    4x96x128x64 in 4x16 tiles reads 16-column panels of B in place, 64 rows 512 bytes apart: 8
+    lines in each of 8 of an 8-way L1's 64 sets, and 20 lines of A and C between two uses, 0.31
+    per set: 27% of B's reuses miss. Valgrind's L1 missed 1.93 MiB; 1.89 expected, 4.13 with
+    none of B kept, 1.06 with all."""
+    if not level.ways:
+        return {name: np.ones(()) for name in crowded}
+    sets = level.capacity_bytes // (level.ways * LINE)
+    out = {}
+    for name, (rows, run, share) in crowded.items():
+        lines = rows * np.ceil(run / LINE)
+        free = level.ways - lines / np.maximum(share * sets, 1.0)  # ways each crowded set has left
+        others = np.maximum(held - rows * run, 0.0) / LINE / sets
+        fits = sum(np.where(i <= free, np.exp(-others) * others ** i / math.factorial(i), 0.0)
+                   for i in range(level.ways + 1))
+        out[name] = np.where(free < 0, 1.0, 1.0 - fits)
+    return out
 
 
 def effective_dv(dv: Sequence, mu: Sequence, caches: Sequence[int | None], whole: WholeProblem | None,
