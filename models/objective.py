@@ -30,8 +30,8 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
-from .costmodel import memory_usage, overlapped, parallel_candidates, parallel_loops, predicted_seconds
 from .caches import LINE_BYTES as LINE
+from .costmodel import memory_usage, overlapped, parallel_candidates, parallel_loops, predicted_seconds
 from .hardware import Hardware
 
 
@@ -179,14 +179,15 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
           crowded_apart: bool = False) -> Outermost:
     """`outermost`, with the sweeps of every inner cache level's tile inside its parent tile (along
     its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of
-    that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking four 7 KiB
-    blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed 0.76 MiB
-    for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
+    that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking
+    four 7 KiB blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed
+    0.76 MiB for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
     only where the sets their rows crowd into hold it (crowding.crowding). The enumeration's caps
     leave that out, as bounds from below: which inputs are copied is known only once every level
     is fixed, and the polish and the final ranking score each plan here. `caches`: the bytes each
     level's cache keeps (default: the hardware's, Target.cache_bytes). `crowded_apart` (one plan,
-    scalar tiles): each sweep also stands in with the crowding inputs streamed (crowded_sweeps)."""
+    scalar tiles): each sweep also stands in with the crowding inputs kept only as far as their
+    sets hold them (grown_sweeps' `streamed`)."""
     from .crowding import crowding
 
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))] if caches is None else list(caches)
@@ -356,13 +357,13 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
             break
         live = ~np.asarray(done)
         subset = live.ndim and not live.all()  # cost only the candidates whose grown tile still fits
-        pick = (lambda tile: {x: v[live] if np.shape(v) == live.shape else v for x, v in tile.items()}) if subset \
-            else (lambda tile: tile)
+        part = (lambda v: v[live] if np.shape(v) == live.shape else v) if subset else (lambda v: v)
+        pick = lambda tile: {x: part(v) for x, v in tile.items()}  # noqa: E731
         outer = list(map(pick, tiles[1:]))
         dv = cost = moved(pick(grown), outer)
         if streamed:
             for name, miss in crowded_misses(hardware.levels[level], streamed.crowded(grown), plain).items():
-                dv = cost = cost + pick({"p": miss})["p"] * (pick(own)[name] - moved(pick(grown), outer, {name}))
+                dv = cost = cost + part(miss) * (part(own[name]) - moved(pick(grown), outer, {name}))
         if subset:  # the others' grown tiles do not fit: no DV of theirs counts
             dv = np.full(live.shape, np.inf)
             dv[live] = cost
@@ -378,8 +379,8 @@ def crowded_misses(level, crowded: Mapping[str, tuple], held: np.ndarray | float
     of the tile's `held` bytes spread over all the sets (a Poisson count per set). batch-gemm
     4x96x128x64 in 4x16 tiles reads 16-column panels of B in place, 64 rows 512 bytes apart: 8
     lines in each of 8 of an 8-way L1's 64 sets, and 20 lines of A and C between two uses, 0.31
-    per set: 27% of B's reuses miss. Valgrind's L1 missed 1.93 MiB; 1.89 expected, 4.13 with
-    none of B kept, 1.06 with all."""
+    per set: 27% of B's reuses miss. Valgrind's L1 missed 1.93 MiB for the whole kernel; 2.02
+    expected, 4.13 with none of B kept, 1.06 with all."""
     if not level.ways:
         return {name: np.ones(()) for name in crowded}
     sets = level.capacity_bytes // (level.ways * LINE)
