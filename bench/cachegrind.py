@@ -118,13 +118,18 @@ def rows_for(name, kind, dims, plans: int, work: Path, d1: str, ll: str, harness
         sim = simulate(harness, folder / "kernel.so", [w.shape(n) for n in w.signature], d1, ll, sweep)
         d1_bytes = (sim["D1mr"] + sim["D1mw"]) * line
         ll_bytes = (sim["DLmr"] + sim["DLmw"]) * line
-        l1, l2 = plan.levels[1], plan.levels[2]
-        rows.append({"kernel": f"{name} #{i}", "L1 dv": l1.dv_bytes, "L1 expected": l1.expected_bytes, "L1 sim": d1_bytes,
-                     "L2 dv": l2.dv_bytes, "L2 expected": l2.expected_bytes, "L2 sim": ll_bytes,
-                     "L1 fill": l1.mu_bytes / l1.capacity_bytes, "kind": kind, "dims": dims,
-                     "orders": [lp.order for lp in plan.levels], "tiles": [lp.tile for lp in plan.levels]})
+        rows.append({"kernel": f"{name} #{i}", "L1 sim": d1_bytes, "L2 sim": ll_bytes, **model_columns(plan),
+                     "kind": kind, "dims": dims, "orders": [lp.order for lp in plan.levels],
+                     "tiles": [lp.tile for lp in plan.levels]})
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return rows
+
+
+def model_columns(plan) -> dict:
+    """What the model says of a plan's L1 and L2: DV, expected bytes, L1's fill."""
+    l1, l2 = plan.levels[1], plan.levels[2]
+    return {"L1 dv": l1.dv_bytes, "L1 expected": l1.expected_bytes, "L2 dv": l2.dv_bytes,
+            "L2 expected": l2.expected_bytes, "L1 fill": l1.mu_bytes / l1.capacity_bytes}
 
 
 def recost(rows: list[dict], d1: str, ll: str) -> list[dict]:
@@ -134,13 +139,7 @@ def recost(rows: list[dict], d1: str, ll: str) -> list[dict]:
     from cachetile import builtin, make_plan
 
     hw = avx2_host(d1, ll)
-    out = []
-    for r in rows:
-        plan = make_plan(builtin(r["kind"], r["dims"]), hw, r["orders"], r["tiles"])
-        l1, l2 = plan.levels[1], plan.levels[2]
-        out.append({**r, "L1 dv": l1.dv_bytes, "L1 expected": l1.expected_bytes, "L2 dv": l2.dv_bytes,
-                    "L2 expected": l2.expected_bytes, "L1 fill": l1.mu_bytes / l1.capacity_bytes})
-    return out
+    return [{**r, **model_columns(make_plan(builtin(r["kind"], r["dims"]), hw, r["orders"], r["tiles"]))} for r in rows]
 
 
 def main():

@@ -181,10 +181,11 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of
     that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking
     four 7 KiB blocks of D across each 5-row tile: refilled 1.16 MiB, while valgrind's L1 missed
-    0.76 MiB for the whole kernel.) A grown tile whose inputs are read in place, a piece of each row, fits
-    only where the sets their rows crowd into hold it (crowding.crowding). The enumeration's caps
-    leave that out, as bounds from below: which inputs are copied is known only once every level
-    is fixed, and the polish and the final ranking score each plan here. `caches`: the bytes each
+    0.76 MiB for the whole kernel.) A grown tile whose inputs are read in place, a piece of each
+    row, fits only where the sets their rows crowd into hold it (crowding.crowding). The
+    enumeration's caps leave that out, as bounds from below: which inputs are copied is known
+    only once every level is fixed, and the polish and the final ranking score each plan here.
+    `caches`: the bytes each
     level's cache keeps (default: the hardware's, Target.cache_bytes). `crowded_apart` (one plan,
     scalar tiles): each sweep also stands in with the crowding inputs kept only as far as their
     sets hold them (grown_sweeps' `streamed`)."""
@@ -193,19 +194,18 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))] if caches is None else list(caches)
     private = private_fit(fits)
     crowd = crowding(workload, hardware, tiles)
-    fit = outer_fit(fits, whole)
-    top = outermost(workload, hardware, whole, orders[-1], tiles[-1], whole.mu if fit is None else fit, crowd)._replace(
+    overflowed = outer_fit(fits, whole)  # None: the whole problem fits every cache, and no sweep counts
+    top = outermost(workload, hardware, whole, orders[-1], tiles[-1], whole.mu if overflowed is None else overflowed,
+                    crowd)._replace(
         private=private_floor(workload, hardware, orders, tiles), turns=turns(workload, tiles[-1]),
         cores=core_sweeps(workload, hardware, orders[-1], tiles[-1], private, crowd) if private else [])
-    inner = {level: grown_sweeps(workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit,
-                                 steps, crowd)
-             for level, fit in enumerate(fits[:-1]) if fit is not None}
-    if crowded_apart and crowd is not None:
-        for level, fit in enumerate(fits[:-1]):
-            if fit is not None:
-                inner[level] = [*inner[level], *grown_sweeps(workload, hardware, level, orders[level:], tiles[level:],
-                                                             tiles[level + 1], fit, steps, streamed=crowd)]
-    return top._replace(inner=inner)
+
+    def sweeps(level: int, fit: int) -> list:
+        args = (workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit, steps)
+        apart = grown_sweeps(*args, streamed=crowd) if crowded_apart and crowd is not None else []
+        return [*grown_sweeps(*args, crowd), *apart]
+
+    return top._replace(inner={level: sweeps(level, fit) for level, fit in enumerate(fits[:-1]) if fit is not None})
 
 
 def core_sweeps(workload, hardware: Hardware, order: Sequence[str], tile: Mapping, fit: int,
@@ -359,11 +359,11 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
         subset = live.ndim and not live.all()  # cost only the candidates whose grown tile still fits
         part = (lambda v: v[live] if np.shape(v) == live.shape else v) if subset else (lambda v: v)
         pick = lambda tile: {x: part(v) for x, v in tile.items()}  # noqa: E731
-        outer = list(map(pick, tiles[1:]))
-        dv = cost = moved(pick(grown), outer)
+        live_grown, outer = pick(grown), list(map(pick, tiles[1:]))
+        dv = cost = moved(live_grown, outer)
         if streamed:
             for name, miss in crowded_misses(hardware.levels[level], streamed.crowded(grown), plain).items():
-                dv = cost = cost + part(miss) * (part(own[name]) - moved(pick(grown), outer, {name}))
+                dv = cost = cost + part(miss) * (part(own[name]) - moved(live_grown, outer, {name}))
         if subset:  # the others' grown tiles do not fit: no DV of theirs counts
             dv = np.full(live.shape, np.inf)
             dv[live] = cost
