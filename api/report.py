@@ -98,6 +98,9 @@ def format_hardware(hw: Hardware) -> str:
             lines.append(f"  rows read in turn that still stream as runs: {hw.prefetch_streams}")
         if hw.stride_stall:
             lines.append(f"  stall on rows read in place, by stride, of their L1 link time: {_reach(hw.stride_stall)}")
+        if hw.copy_vector_seconds or hw.copy_element_seconds:
+            lines.append(f"  packing copies issue a vector per {_seconds(hw.copy_vector_seconds)}, a single element per "
+                         f"{_seconds(hw.copy_element_seconds)} (one core)")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -133,6 +136,9 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("rows read in turn", "any number", "-", str(profile.prefetch_streams)))
     if profile.stride_stall:
         rows.append(("stall by row stride", "none", "-", _reach(profile.stride_stall)))
+    if profile.copy_vector_seconds and profile.copy_element_seconds:
+        rows.append(("packing copy, per vector", "0 (streams only)", _seconds(profile.copy_vector_seconds), "-"))
+        rows.append(("packing copy, per element", "0 (streams only)", _seconds(profile.copy_element_seconds), "-"))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

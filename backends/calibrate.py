@@ -42,6 +42,11 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
   timed in turn on all cores: what each stride adds, as a share of the L1
   link's time for B's bytes (the profile's stride_stall);
+- a packing copy on one core, of COPY_ROWS rows of COPY_WIDTH floats (in L2)
+  into blocks COPY_SIDE columns wide, as the LLVM backend emits one: keeping
+  the rows innermost, vectorised (seconds per vector), and storing them across
+  the innermost dim, one element at a time (seconds per element): what a
+  copy's loop issues beside its streams (kernel_costs.copy_ops);
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -82,6 +87,9 @@ BAND_STEP = 1.15  # a band this much slower than the fastest no wider marks the 
 # BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
 STRIDE_SPREADS = (4, 8, 12)
 STRIDE_ROUNDS = 5
+# The packing copy's source: rows of an odd length (a 1024-float row puts a block's column in one
+# L1 set: 2.8 ns per element on the Zen 4 against 0.3 at 1000), 250 KB in all.
+COPY_ROWS, COPY_WIDTH, COPY_SIDE = 64, 1000, 64
 
 
 def _target(threads: int):
@@ -304,6 +312,30 @@ def fit_streams(seconds: dict[int, list[float]]) -> int | None:
     return None
 
 
+def copy_seconds(lanes: int, vector: bool) -> float:
+    """Seconds one core spends per vector (`vector`: the pack keeps the source's rows innermost,
+    its inner loop split into vectors of `lanes`) or per element (the pack stores a block's
+    columns innermost, reading down the rows one element at a time) of a packing copy of
+    COPY_ROWS x COPY_WIDTH floats into blocks COPY_SIDE columns wide."""
+    import tvm
+    from tvm import te
+
+    blocks = COPY_WIDTH // COPY_SIDE
+    S = te.placeholder((COPY_ROWS, COPY_WIDTH), "float32", name="S")
+    if vector:
+        shape, read = (blocks, COPY_ROWS, COPY_SIDE), lambda b, r, c: S[r, b * COPY_SIDE + c]
+    else:
+        shape, read = (blocks, COPY_SIDE, COPY_ROWS), lambda b, c, r: S[r, b * COPY_SIDE + c]
+    sch = tvm.s_tir.Schedule(te.create_prim_func([S, te.compute(shape, read, name="P")]))
+    if vector:
+        sch.vectorize(sch.split(sch.get_loops(sch.get_sblock("P"))[-1], factors=[None, lanes])[1])
+    lib = tvm.compile(sch.mod, target=_target(1))
+    rng = np.random.default_rng(0)
+    args = _tensors(rng.random((COPY_ROWS, COPY_WIDTH), "float32"), np.zeros(shape, "float32"))
+    moved = blocks * COPY_ROWS * COPY_SIDE // (lanes if vector else 1)
+    return min(_median_seconds(lib, args) for _ in range(2)) / moved  # the best of two, as the micro-kernel's
+
+
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
     """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
     import tvm
@@ -426,7 +458,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 3  # and the reach's, once the sweep is done
+    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 4  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -487,6 +519,8 @@ def calibrate(progress: Progress | None = None) -> Profile:
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
         strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
+    step("packing copies on 1 core")
+    copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -505,5 +539,6 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        prefetch_streams=prefetch, stride_stall=strides,
+        prefetch_streams=prefetch, stride_stall=strides, copy_vector_seconds=copy_vector,
+        copy_element_seconds=copy_element,
     )

@@ -61,7 +61,7 @@ def plan_rows(hw, rounds: int):
                                            {"m": m, "n": 2048, "k": band}, {"m": m, "n": 2048, "k": 128}])
                  for band in bands]
         plans.append(tune(w, hw, top=0).plan)
-        seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
+        seconds, *_ = measure_plans(w, hw, plans, rounds=rounds)
         for name, plan, s in zip([f"band {b}" for b in bands] + ["tune's plan"], plans, seconds):
             rows.append([f"{m}x4096x{k}", name, plan_spec(plan, " / "), f"{plan.predicted_seconds * 1e3:.3f}", f"{s * 1e3:.3f}"])
     return rows

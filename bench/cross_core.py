@@ -107,7 +107,7 @@ def plan_rows(hw, rounds: int):
 
     w = builtin("gemm", {"m": 8, "n": 4096, "k": 1024})
     plan = gemm_plan(w, hw, DECODE_PLAN)
-    seconds, _ = measure_plans(w, hw, [plan], rounds=rounds)
+    seconds, *_ = measure_plans(w, hw, [plan], rounds=rounds)
     links = ", ".join(f"{lv.name} {lv.link_seconds * 1e3:.3f}" for lv in plan.levels)
     return [["gemm 8x4096x1024", plan_spec(plan, " / "), f"{plan.serial_seconds * 1e3:.3f}", links,
              f"{plan.predicted_seconds * 1e3:.3f}", f"{seconds[0] * 1e3:.3f}"]]

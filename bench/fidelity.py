@@ -88,14 +88,15 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     (its memory switches between a slow and a fast mode) hits all plans alike instead of the
     ones timed while it lasts. Timed one plan after the other, the same 140 plans ranked
     themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md). Also each kernel's
-    vector spills in its FMA loops (backends/llvm_asm), which the model does not see."""
+    vector spills in its FMA loops (backends/llvm_asm), which the model does not see, and
+    every round's seconds (what --dump keeps)."""
     from cachetile.backends.llvm_asm import fma_loop_spills
     from cachetile.backends.llvm_measure import kernel_args
     from cachetile.models.measurement import random_inputs
 
     libs = [llvm().build(w, hw, p).lib.mod for p in plans]
     times = time_in_rounds(libs, kernel_args(w, random_inputs(w)), rounds, repeat=1)
-    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs]
+    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs], times
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
@@ -106,11 +107,11 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = Non
         w = workload(name)
         log(f"fidelity: {name}")
         plans = candidate_plans(w, hw, n_plans, random.Random(seed))
-        measured, spills = measure_plans(w, hw, plans)
+        measured, spills, rounds = measure_plans(w, hw, plans)
         predicted = [p.predicted_seconds for p in plans]
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
-            Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "spills": spills,
+            Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "spills": spills, "rounds": rounds,
                                                               "plans": [p.model_dump() for p in plans]}))
         rho = spearmanr(predicted, measured).statistic
         fastest = min(measured)

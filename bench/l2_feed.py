@@ -83,7 +83,7 @@ def plan_rows(hw, rounds: int):
     plans = [tune(w, hw, top=0).plan]
     for spec in BLOCKED if len(hw.levels) == len(BLOCKED[0]) else []:
         plans.append(gemm_plan(w, hw, spec))
-    seconds, _ = measure_plans(w, hw, plans, rounds=rounds)
+    seconds, *_ = measure_plans(w, hw, plans, rounds=rounds)
     arrays, ref = random_inputs(w, seed=1), reference(w)
     numpy = _median_seconds(lambda: ref(arrays), 10 * rounds)
     out = []

@@ -98,6 +98,13 @@ class Hardware(BaseModel):
                           "its rows that far apart, stalls for beside a contiguous read, as a share of the L1 fill "
                           "link's time for the bytes it reads (kernel_costs.stride_stall); none until calibrated: "
                           "no stall")
+    copy_vector_seconds: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="CPU: seconds one core spends per vector (or shorter piece of a row) a packing copy moves, "
+                    "beside its streams (kernel_costs.copy_ops); 0 until calibrated")
+    copy_element_seconds: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="CPU: the same per element of a copy that moves one element at a time; 0 until calibrated")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -317,6 +324,8 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
         **({"prefetch_streams": profile.prefetch_streams} if profile.prefetch_streams else {}),
         **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
+        **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
+        **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

@@ -120,6 +120,14 @@ class Profile(BaseModel):
                           "link's time for those bytes (all cores); the first point is the contiguous read, 0; none "
                           "in older profiles: no stall")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
+    copy_vector_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="seconds one core spends per vector a packing copy moves (its source's rows read in "
+                    "vectors, in L2); none in older profiles: a copy costs its streams only")
+    copy_element_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="the same per element of a copy that moves one element at a time (a pack that stores "
+                    "the source's rows across its innermost dim); none in older profiles: its streams only")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")
 

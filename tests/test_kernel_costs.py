@@ -3,7 +3,7 @@ every packing copy's bytes and every parallel region entered, counted by walking
 import math
 
 import pytest
-from tir_walk import block_runs, parallel_entries
+from tir_walk import block_runs, copy_moves, parallel_entries
 
 from cachetile import builtin, make_plan, preset, tune
 from cachetile.backends.llvm_build import build
@@ -45,6 +45,18 @@ def test_copies_and_parallel_regions_are_what_the_kernel_runs(kind, dims):
                 emitted[tensor] = emitted.get(tensor, 0) + count * w.elem_bytes
         assert emitted == copied
         assert costs.regions == parallel_entries(body)
+        # What each copy's loop issues (kernel_costs.copy_ops): its vectors or single elements.
+        lanes = HOST.vector_bytes // w.elem_bytes
+        issued, modelled = {}, {}
+        for name, (vectors, elements) in copy_moves(body, lanes).items():
+            tensor = name.removesuffix("_global").removesuffix("_pad")
+            if name.endswith("_global") and w.tensors.get(tensor) and w.tensors[tensor].role == "input":
+                issued[tensor] = tuple(a + b for a, b in zip(issued.get(tensor, (0, 0)), (vectors, elements)))
+        for tensor, vectors, elements in costs.copy_ops:
+            modelled[tensor] = tuple(a + b for a, b in zip(modelled.get(tensor, (0, 0)), (vectors, elements)))
+        assert modelled.keys() == issued.keys()
+        for tensor in issued:
+            assert modelled[tensor] == pytest.approx(issued[tensor], rel=1e-9)
 
 
 def test_serial_seconds_add_to_the_overlapped_time():
@@ -66,6 +78,22 @@ def test_serial_seconds_add_to_the_overlapped_time():
     again = make_plan(w, quiet, orders, tiles)
     assert plan.predicted_seconds - again.predicted_seconds == pytest.approx(costs.regions * 2e-6 + 1e-6, rel=1e-6)
     assert [lp.copy_bytes for lp in plan.levels] == costs.copy_bytes
+
+
+def test_copies_cost_what_their_loops_issue_beside_their_streams():
+    """With the calibrated per-vector and per-element figures (one core), a copy adds its vectors
+    and single elements at those figures to its streams' time; gemm 127x251x509's plan here packs
+    A element by element (its register tile's k step is one column) and B by vectors."""
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    orders = [["m", "n", "k"]] * 4
+    tiles = [{"m": 16, "n": 16, "k": 1}] * 3 + [{"m": 127, "n": 16, "k": 509}]
+    hw = HOST.model_copy(update={"cores": 1})
+    priced = hw.model_copy(update={"copy_vector_seconds": 1e-9, "copy_element_seconds": 3e-10})
+    plain, costs = kernel_costs(w, hw, orders, tiles), kernel_costs(w, priced, orders, tiles)
+    # A (padded to 128 rows) once, element by element; B's 509 x 16 panels (16 of them) in 16-float vectors.
+    assert costs.copy_ops == [("A", 0.0, 128 * 509), ("B", 16 * 509, 0.0)]
+    assert costs.copy_seconds - plain.copy_seconds == pytest.approx(16 * 509 * 1e-9 + 128 * 509 * 3e-10, rel=1e-9)
+    assert costs.stream_bytes == plain.stream_bytes  # what a refit rescales is the streams alone
 
 
 def test_tiles_leave_room_in_set_associative_caches():

@@ -34,3 +34,27 @@ def parallel_entries(stmt, mult=1) -> int:
     if hasattr(stmt, "body"):
         return parallel_entries(stmt.body, mult)
     return 0
+
+
+def copy_moves(stmt, lanes: int, mult=1, inner=None, acc=None):
+    """Per block: (vectors, single elements) its innermost loop moves, the loop's trips times its
+    runs: a vectorised innermost loop of extent e moves ceil(e / lanes) vectors per trip of the
+    loops around it, any other loop one element per run."""
+    acc = {} if acc is None else acc
+    if isinstance(stmt, tirx.For):
+        copy_moves(stmt.body, lanes, mult * int(stmt.extent), stmt, acc)
+    elif isinstance(stmt, tirx.SeqStmt):
+        for s in stmt.seq:
+            copy_moves(s, lanes, mult, inner, acc)
+    elif isinstance(stmt, s_tir.SBlockRealize):
+        vectors, elements = acc.get(stmt.block.name_hint, (0.0, 0.0))
+        if inner is not None and inner.kind == tirx.ForKind.VECTORIZED:
+            extent = int(inner.extent)
+            vectors += mult / extent * -(-extent // lanes)
+        else:
+            elements += mult
+        acc[stmt.block.name_hint] = (vectors, elements)
+        copy_moves(stmt.block.body, lanes, mult, None, acc)
+    elif hasattr(stmt, "body"):
+        copy_moves(stmt.body, lanes, mult, inner, acc)
+    return acc
