@@ -59,13 +59,15 @@ class KernelCosts:
     copy_seconds: float = 0.0
     # per level: bytes the copies and zeroing stream over the link filling it, weighted as
     # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
-    # sum(stream_bytes[l] / bandwidth_l): what a refit of the bandwidths rescales (models/refit.py)
+    # sum(stream_bytes[l] / bandwidth_l) + issue_seconds: what a refit of the bandwidths rescales
+    # is the first part (models/refit.py)
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
     # filled at: None at the root)
     copies: list[tuple[str, int, float, float, object]] = field(default_factory=list)
     # per copy, what its loop issues (copy_ops): (tensor, vectors moved, elements moved one at a time)
     copy_ops: list[tuple[str, float, float]] = field(default_factory=list)
+    issue_seconds: float = 0.0  # the part of copy_seconds those take (calibrated per op, not a link's: no refit rescales it)
     # inputs streamed unpacked whose runs pay a share of a run start (run_start_reach): (tensor,
     # contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
@@ -127,8 +129,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
         vectors, elements = copy_ops(workload, hardware, site, fills * block)
         costs.copy_ops.append((site.tensor, vectors, elements))
-        costs.copy_seconds += (vectors * hardware.copy_vector_seconds
-                               + elements * hardware.copy_element_seconds) / shared
+        issued = (vectors * hardware.copy_vector_seconds + elements * hardware.copy_element_seconds) / shared
+        costs.issue_seconds += issued
+        costs.copy_seconds += issued
     copied = {site.tensor for site in copies}
     # Accumulators stored and reloaded between k steps cost the register link only (the
     # accumulator bandwidth): gemm 8x4096x1024 reading B unpacked, 8x32 tiles reloaded every 2,

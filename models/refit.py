@@ -9,10 +9,11 @@ the measured ones best, in the least-squares sense on log times (each plan
 counts by its ratio, not its size):
 
     predicted_i = model(compute_i / p, [DV_il / (bandwidth_l b_l)])
-                  + sum_l S_il / (bandwidth_l b_l) + regions_i r_0 r + call_0 c
+                  + sum_l S_il / (bandwidth_l b_l) + regions_i r_0 r + call_0 c + I_i
 
 with DV, compute, the bytes S_il the kernel's packing copies stream over each
-link and its parallel regions from the cost model on the base hardware
+link, its parallel regions and I_i, what its copies' loops issue (calibrated
+per vector and element, not fitted), from the cost model on the base hardware
 (models/kernel_costs.py), and p, b_l, r, c the multipliers (bounded to
 [1/20, 20]; a small ridge term keeps a multiplier that no measurement
 constrains at 1). Only the figures move; capacities, cores and vector width
@@ -82,7 +83,8 @@ class Fit(Refit):
 def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     """The plan's terms on the base hardware, in the order the multipliers come: compute
     seconds, per-level DV (effective), per-level bytes its serial copies stream, parallel regions entered,
-    calls (1 when the target charges serial costs, else 0)."""
+    calls (1 when the target charges serial costs, else 0), and the seconds its copies' loops issue
+    (calibrated per vector and element, kept as they are)."""
     orders = [lp.order for lp in record.plan.levels]
     tiles = [lp.tile for lp in record.plan.levels]
     stages = record.plan.launch.stages if record.plan.launch else 1
@@ -93,7 +95,8 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)
-    return np.array([compute, *dv, *streamed, costs.regions if costs else 0.0, 1.0 if costs else 0.0])
+    return np.array([compute, *dv, *streamed, costs.regions if costs else 0.0, 1.0 if costs else 0.0,
+                     costs.issue_seconds if costs else 0.0])
 
 
 def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,
@@ -150,8 +153,8 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
     records = enough(records, hardware)
     n = len(hardware.levels)
     terms = np.array([_terms(hardware, r) for r in records])
-    compute, dv, streamed, regions, calls = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
-                                             terms[:, 1 + 2 * n], terms[:, 2 + 2 * n])
+    compute, dv, streamed, regions, calls, issued = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
+                                                     terms[:, 1 + 2 * n], terms[:, 2 + 2 * n], terms[:, 3 + 2 * n])
     measured = np.log([r.measured_seconds for r in records])
     objective = time_objective(hardware)
     bandwidth = np.array([lv.bandwidth_bytes_per_s for lv in hardware.levels])
@@ -159,7 +162,7 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
     def residuals(theta: np.ndarray) -> np.ndarray:
         links = bandwidth * np.exp(theta[1:1 + n])
         serial = (streamed / links).sum(axis=1) + regions * hardware.parallel_region_seconds * np.exp(theta[1 + n]) \
-            + calls * hardware.call_seconds * np.exp(theta[2 + n])
+            + calls * hardware.call_seconds * np.exp(theta[2 + n]) + issued
         predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial)
         return np.concatenate([np.log(predicted) - measured, RIDGE * theta])
 
