@@ -195,8 +195,10 @@ def _row_band(sch, block, workload, op, tiles, nests: _Nests, lanes: int | None)
     if rest or count < 2 or len(reductions) != 1:
         return None
     band = nests.loops.get((op.name, (reductions[0], 0)))
+    if band is None:
+        return None
     loops = [sch.get(lp) for lp in sch.get_loops(block)]
-    at = next((i for i, lp in enumerate(loops) if band is not None and lp.same_as(sch.get(band))), None)
+    at = next((i for i, lp in enumerate(loops) if lp.same_as(sch.get(band))), None)
     if at is None or not 1 < loops[at].extent.value <= MAX_BAND:
         return None
     if any(lp.extent.value != 1 for lp in loops[at + 1:-1]):

@@ -198,7 +198,7 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     prediction, the copy loops holding 69% of its samples."""
     if site.layout is None:
         return 0.0, 0.0
-    lanes = max((hardware.vector_bytes or workload.elem_bytes) // workload.elem_bytes, 1)
+    lanes = hardware.target.vector_lanes(workload)
     piece = site.layout.bounds[-1][-1] if site.layout.inner_order[-1] == len(site.layout.dims) - 1 else 1
     if piece <= 1:
         return 0.0, float(elements)

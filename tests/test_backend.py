@@ -23,7 +23,7 @@ from cachetile.models.hardware import Hardware, Level
 from cachetile.optimizer.registry import SOLVERS
 
 from simulator import simulate_dv
-from tir_walk import block_runs
+from tir_walk import block_loops, block_runs
 
 HOST = preset("host")
 
@@ -350,28 +350,11 @@ def test_register_tile_does_not_spill():
     assert vector_spills(kernel) == []
 
 
-def _vector_parents(stmt, parents=(), found=None):
-    """For each vectorised loop, the (kind, extent) of the loops around it, innermost first."""
-    found = [] if found is None else found
-    if isinstance(stmt, tvm.tirx.For):
-        if stmt.kind == tvm.tirx.ForKind.VECTORIZED:
-            found.append(list(parents))
-        _vector_parents(stmt.body, ((stmt.kind, int(stmt.extent)), *parents), found)
-    elif isinstance(stmt, tvm.tirx.SeqStmt):
-        for s in stmt.seq:
-            _vector_parents(s, parents, found)
-    elif isinstance(stmt, tvm.s_tir.SBlockRealize):
-        _vector_parents(stmt.block.body, parents, found)
-    elif hasattr(stmt, "body"):
-        _vector_parents(stmt.body, parents, found)
-    return found
-
-
 def test_a_gemv_band_of_rows_is_interleaved_in_the_row_vectors():
     """A one-row register tile (m = 1) under a band of k steps: each of its vectors takes a step
     from every row of the band (the band's loop unrolled right around the vector), and the
     kernel matches numpy on odd sizes; a two-row tile keeps its band outside."""
-    unroll = tvm.tirx.ForKind.UNROLLED
+    kinds = tvm.tirx.ForKind
     lanes = HOST.vector_bytes // 4
     for m, interleaved in ((1, True), (2, False)):
         w = builtin("gemm", {"m": m, "n": 4 * lanes * 3 - 5, "k": 301})
@@ -381,10 +364,10 @@ def test_a_gemv_band_of_rows_is_interleaved_in_the_row_vectors():
         plan = make_plan(w, HOST, orders, tiles)
         built = build(w, HOST, plan)
         check(w, built.lib)
-        update = built.emitted.schedule.mod["main"].body
-        around = [[lp for lp in p if lp[1] > 1][:2] for p in _vector_parents(update)]  # one-trip loops aside
-        inner = [p for p in around if p == [(unroll, 8), (unroll, 4)]]
-        assert bool(inner) == interleaved
+        update = next(loops for name, loops in block_loops(built.emitted.schedule.mod["main"].body)
+                      if name == "gemm_update")
+        around = [(lp.kind, int(lp.extent)) for lp in reversed(update) if int(lp.extent) > 1][:3]  # one-trip loops aside
+        assert (around == [(kinds.VECTORIZED, lanes), (kinds.UNROLLED, 8), (kinds.UNROLLED, 4)]) == interleaved
 
 
 def test_register_tile_rows_are_stored_as_whole_vectors():

@@ -1,22 +1,29 @@
 """Counting what a built TensorIR schedule runs: blocks and parallel loops, by walking the IR."""
+import math
 from collections import Counter
 
 from tvm import s_tir, tirx
 
 
-def block_runs(stmt, mult=1, acc=None):
-    """How many times each block runs: the product of the loop extents around it."""
-    acc = Counter() if acc is None else acc
+def block_loops(stmt, loops=()):
+    """(block name, the loops around it, outermost first) for every block, in program order."""
     if isinstance(stmt, tirx.For):
-        block_runs(stmt.body, mult * int(stmt.extent), acc)
+        yield from block_loops(stmt.body, (*loops, stmt))
     elif isinstance(stmt, tirx.SeqStmt):
         for s in stmt.seq:
-            block_runs(s, mult, acc)
+            yield from block_loops(s, loops)
     elif isinstance(stmt, s_tir.SBlockRealize):
-        acc[stmt.block.name_hint] += mult
-        block_runs(stmt.block.body, mult, acc)
+        yield stmt.block.name_hint, loops
+        yield from block_loops(stmt.block.body, loops)
     elif hasattr(stmt, "body"):
-        block_runs(stmt.body, mult, acc)
+        yield from block_loops(stmt.body, loops)
+
+
+def block_runs(stmt) -> Counter:
+    """How many times each block runs: the product of the loop extents around it."""
+    acc = Counter()
+    for name, loops in block_loops(stmt):
+        acc[name] += math.prod(int(lp.extent) for lp in loops)
     return acc
 
 
@@ -36,25 +43,18 @@ def parallel_entries(stmt, mult=1) -> int:
     return 0
 
 
-def copy_moves(stmt, lanes: int, mult=1, inner=None, acc=None):
+def copy_moves(stmt, lanes: int) -> dict[str, tuple[float, float]]:
     """Per block: (vectors, single elements) its innermost loop moves, the loop's trips times its
     runs: a vectorised innermost loop of extent e moves ceil(e / lanes) vectors per trip of the
     loops around it, any other loop one element per run."""
-    acc = {} if acc is None else acc
-    if isinstance(stmt, tirx.For):
-        copy_moves(stmt.body, lanes, mult * int(stmt.extent), stmt, acc)
-    elif isinstance(stmt, tirx.SeqStmt):
-        for s in stmt.seq:
-            copy_moves(s, lanes, mult, inner, acc)
-    elif isinstance(stmt, s_tir.SBlockRealize):
-        vectors, elements = acc.get(stmt.block.name_hint, (0.0, 0.0))
-        if inner is not None and inner.kind == tirx.ForKind.VECTORIZED:
-            extent = int(inner.extent)
-            vectors += mult / extent * -(-extent // lanes)
+    acc = {}
+    for name, loops in block_loops(stmt):
+        runs = math.prod(int(lp.extent) for lp in loops)
+        vectors, elements = acc.get(name, (0.0, 0.0))
+        if loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
+            extent = int(loops[-1].extent)
+            vectors += runs / extent * -(-extent // lanes)
         else:
-            elements += mult
-        acc[stmt.block.name_hint] = (vectors, elements)
-        copy_moves(stmt.block.body, lanes, mult, None, acc)
-    elif hasattr(stmt, "body"):
-        copy_moves(stmt.body, lanes, mult, inner, acc)
+            elements += runs
+        acc[name] = (vectors, elements)
     return acc
