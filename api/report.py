@@ -101,6 +101,8 @@ def format_hardware(hw: Hardware) -> str:
         if hw.copy_vector_seconds or hw.copy_element_seconds:
             lines.append(f"  packing copies issue a vector per {_seconds(hw.copy_vector_seconds)}, a single element per "
                          f"{_seconds(hw.copy_element_seconds)} (one core)")
+        if hw.handoff_seconds:
+            lines.append(f"  a buffer another core wrote costs {_seconds(hw.handoff_seconds * 1024)} more per KiB read")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -139,6 +141,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
     if profile.copy_vector_seconds and profile.copy_element_seconds:
         rows.append(("packing copy, per vector", "0 (streams only)", _seconds(profile.copy_vector_seconds), "-"))
         rows.append(("packing copy, per element", "0 (streams only)", _seconds(profile.copy_element_seconds), "-"))
+    if profile.handoff_seconds:
+        rows.append(("handed between cores, per KiB", "0", "-", _seconds(profile.handoff_seconds * 1024)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])

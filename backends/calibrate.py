@@ -47,6 +47,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   the rows innermost, vectorised (seconds per vector), and storing them across
   the innermost dim, one element at a time (seconds per element): what a
   copy's loop issues beside its streams (kernel_costs.copy_ops);
+- handing data between cores: each core writes its quarter of its private
+  cache's size, then each reads its neighbour's (or, timed in turn, its own):
+  the time more per byte is what a packed buffer costs a core that did not
+  write it (kernel_costs.handed_off);
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -336,6 +340,34 @@ def copy_seconds(lanes: int, vector: bool) -> float:
     return min(_median_seconds(lib, args) for _ in range(2)) / moved  # the best of two, as the micro-kernel's
 
 
+def handoff_seconds(threads: int, private_bytes: int, lanes: int) -> float:
+    """Seconds more per byte a core spends reading what another core has just written than
+    what it wrote itself: one call writes each thread's chunk (a quarter of `private_bytes`)
+    in parallel, then sums a chunk per thread, its neighbour's or its own, timed in turn."""
+    import tvm
+    from tvm import te
+
+    n = max(private_bytes // 4 // 4 // lanes, 1) * lanes
+    X = te.placeholder((threads, n), "float32", name="X")
+    Y = te.compute((threads, n), lambda t, i: X[t, i] * 2.0, name="Y")
+    r = te.reduce_axis((0, n // lanes), name="r")
+    libs = []
+    for shift in (0, 1):
+        Z = te.compute((threads, lanes), lambda t, v: te.sum(Y[(t + shift) % threads, r * lanes + v], axis=r), name="Z")
+        sch = tvm.s_tir.Schedule(te.create_prim_func([X, Z]))
+        t, i = sch.get_loops(sch.get_sblock("Y"))
+        sch.parallel(t)
+        sch.vectorize(sch.split(i, factors=[None, lanes])[1])
+        t, v, r_ = sch.get_loops(sch.get_sblock("Z"))
+        sch.reorder(t, r_, v)
+        sch.parallel(t)
+        sch.vectorize(v)
+        libs.append(tvm.compile(sch.mod, target=_target(threads)))
+    args = _tensors(np.ones((threads, n), "float32"), np.zeros((threads, lanes), "float32"))
+    own, other = (min(_median_seconds(lib, args) for _ in range(2)) for lib in libs)
+    return max(other - own, 0.0) / (n * 4)
+
+
 def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
     """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
     import tvm
@@ -458,7 +490,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 4  # and the reach's, once the sweep is done
+    steps = len(counts) * (4 + len(hw.levels)) + len(sweep_sizes) + 5  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -521,6 +553,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
         strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
     step("packing copies on 1 core")
     copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
+    handoff = None
+    if cores > 1 and len(hw.levels) > 2:
+        step(f"data handed between cores on {cores} cores")
+        handoff = handoff_seconds(cores, hw.levels[-2].capacity_bytes, lanes) or None
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     report(1.0, "done")
@@ -540,5 +576,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
         prefetch_streams=prefetch, stride_stall=strides, copy_vector_seconds=copy_vector,
-        copy_element_seconds=copy_element,
+        copy_element_seconds=copy_element, handoff_seconds=handoff,
     )

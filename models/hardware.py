@@ -105,6 +105,11 @@ class Hardware(BaseModel):
     copy_element_seconds: float = Field(
         0.0, ge=0, allow_inf_nan=False,
         description="CPU: the same per element of a copy that moves one element at a time; 0 until calibrated")
+    handoff_seconds: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="CPU: seconds more per byte a core spends reading a buffer another core has just written "
+                    "(dirty in that core's private cache) than one it wrote itself (kernel_costs.handed_off); "
+                    "0 until calibrated")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -326,6 +331,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
         **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),
+        **({"handoff_seconds": profile.handoff_seconds} if profile.handoff_seconds else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})",

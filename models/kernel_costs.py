@@ -74,6 +74,9 @@ class KernelCosts:
     # inputs read in place a piece of each row at a time (strided_inputs): (tensor, bytes its rows
     # lie apart, bytes it streams into L1, the share of their L1 link time the FMA loop stalls for)
     strides: list[tuple[str, int, float, float]] = field(default_factory=list)
+    # packed buffers read by a core other than the one that wrote them (handed_off): (tensor,
+    # bytes the busiest core reads of what another core wrote)
+    handoffs: list[tuple[str, float]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
@@ -132,6 +135,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         issued = (vectors * hardware.copy_vector_seconds + elements * hardware.copy_element_seconds) / shared
         costs.issue_seconds += issued
         costs.copy_seconds += issued
+        if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
+            foreign = handed_off(workload, hardware, site, parallel.get(op.name), eff, padded, fills * block * elem)
+            if foreign:
+                costs.handoffs.append((site.tensor, foreign))
+                costs.copy_seconds += foreign * hardware.handoff_seconds
     copied = {site.tensor for site in copies}
     # Accumulators stored and reloaded between k steps cost the register link only (the
     # accumulator bandwidth): gemm 8x4096x1024 reading B unpacked, 8x32 tiles reloaded every 2,
@@ -180,6 +188,54 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, padded, nbytes: float) -> float:
+    """Bytes of a packed buffer the busiest core reads that another core wrote, per call: a copy
+    made at the root is split over the cores by its outer loops (backends/llvm_emit._copy_loops),
+    one made above the parallel loop on one core; the parallel loop then gives each core its
+    chunk of `parallel`'s dim. Unless the two splits coincide, a core reads the rest of what it
+    needs from another core's private cache, dirty there, which costs far more than its own: on
+    the AMD EPYC Zen 4 of BENCHMARKS.md (2 cores, 1 MiB L2 each) a core read 256 KiB its
+    neighbour had just written in 36.7 us against 13.4 us for its own (0.089 ns more per byte);
+    gemm 127x251x509 with B packed at the root and m run in parallel ran 0.201 ms, the same
+    tiles with B packed per n half inside the parallel loop 0.167 ms (1.70x and 1.91x their one
+    core's times). Only what the writer's private cache still holds is handed off. `nbytes`: all
+    the copy writes per call; `tiles` effective, `parallel` the op's (position, own) or None."""
+    cores = hardware.cores
+    if not parallel or cores < 2 or len(hardware.levels) < 3:
+        return 0.0
+    (x, j), _ = parallel
+    index = workload.index(site.tensor)
+    split = site.key is None  # a root copy, split over the cores; else made by one core
+    reads = nbytes
+    if any(x in ix.loops for ix in index):  # each core reads its chunk of x's extent
+        chunk = -(-trips(tiles, padded, x, j) // cores) * tiles[j][x]
+        reads = nbytes * min(1.0, chunk / padded[x])
+        if split and _copy_split(workload, site, padded, cores) == (x, chunk):
+            return 0.0
+    written = nbytes / cores if split else nbytes
+    foreign = reads * ((cores - 1) / cores if split else 1.0)
+    return foreign * min(1.0, hardware.levels[-2].capacity_bytes / written)
+
+
+def _copy_split(workload: Workload, site, padded, cores: int) -> tuple[str, int] | None:
+    """(dim, elements per core) a root copy splits its buffer by, as _copy_loops fuses its outer
+    loops: the first with more than one trip, when it has a trip per core; None otherwise."""
+    layout = site.layout
+    if layout is None:  # an affine window: its first loop, parallel
+        first = workload.index(site.tensor)[0]
+        if len(first.loops) != 1:
+            return None
+        x = first.loops[0]
+        return x, -(-padded[x] // cores)
+    first = len(layout.bounds[0]) - site.level
+    for x, bounds in zip(layout.dims, layout.bounds):
+        b = bounds[first:]
+        count = max(b[0] // b[1], 1) if len(b) > 1 else 1
+        if count > 1:
+            return (x, -(-count // cores) * b[1]) if count >= cores else None
+    return None
 
 
 def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> tuple[float, float]:

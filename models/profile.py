@@ -128,6 +128,10 @@ class Profile(BaseModel):
         None, gt=0, allow_inf_nan=False,
         description="the same per element of a copy that moves one element at a time (a pack that stores "
                     "the source's rows across its innermost dim); none in older profiles: its streams only")
+    handoff_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="seconds more per byte one core spends reading what another core has just written than "
+                    "reading its own (a quarter of its private cache each); none in older profiles or on one core")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")
 

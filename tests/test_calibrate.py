@@ -28,7 +28,7 @@ def _profile(key: str) -> Profile:
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
                    run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], prefetch_streams=32,
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
-                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10)
+                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10)
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -53,6 +53,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.copy_vector_seconds, hw.copy_element_seconds) == (1.2e-9, 3e-10)
     assert (assumed.copy_vector_seconds, assumed.copy_element_seconds) == (0.0, 0.0)
     assert "packing copies issue a vector per 1.2 ns, a single element per 0.3 ns (one core)" in format_hardware(hw)
+    assert (hw.handoff_seconds, assumed.handoff_seconds) == (1e-10, 0.0)
+    assert "a buffer another core wrote costs 102.4 ns more per KiB read" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     assert host(calibrated=False) == assumed
@@ -203,6 +205,11 @@ def test_calibrate_from_the_command_line(tmp_path):
     # A vector moves 16 floats (AVX-512), 8 or 4: a copy issues it in well under 100 ns, and in
     # more time than a single element takes on any machine measured (1.15 against 0.3 ns on the Zen 4).
     assert 0 < profile.copy_element_seconds < 1e-7 and 0 < profile.copy_vector_seconds < 1e-7
+    # Reading what another core just wrote costs more than reading one's own (0.09-0.12 ns more
+    # per byte on the Zen 4), yet less than a byte from memory takes (over 0.03 ns at any speed
+    # above 30 GB/s, a tenth of a ns at 10 GB/s): under 1 ns a byte.
+    if profile.cores > 1:
+        assert profile.handoff_seconds is not None and 0 < profile.handoff_seconds < 1e-9
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)

@@ -3,7 +3,7 @@ every packing copy's bytes and every parallel region entered, counted by walking
 import math
 
 import pytest
-from tir_walk import block_runs, copy_moves, parallel_entries
+from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
 
 from cachetile import builtin, make_plan, preset, tune
 from cachetile.backends.llvm_build import build
@@ -928,3 +928,45 @@ def test_rows_a_multiple_of_the_page_apart_crowd_into_a_few_sets_and_are_not_kep
     w = builtin("gemm", {"m": 12, "n": 3072, "k": 128})
     packed = [{"m": 6, "n": 16, "k": 1}] * 3 + [{"m": 12, "n": 1024, "k": 128}]
     assert not in_place(w, packed)["B"]
+
+
+# Two cores, a private 1 MiB L2 and a shared L3: where a packed buffer is handed between cores.
+TWO_CORES = Hardware(name="cpu", peak_flops=4e11, vector_bytes=64, cores=2, handoff_seconds=1e-10, levels=[
+    Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+    Level(name="L1", capacity_bytes=32768, bandwidth_bytes_per_s=4e11),
+    Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=2e11),
+    Level(name="L3", capacity_bytes=32 << 20, bandwidth_bytes_per_s=1e11)])
+
+
+def test_a_buffer_packed_at_the_root_costs_what_the_cores_read_of_each_others_part():
+    """gemm 127x251x509 packing B (510 x 256 padded) at the root, split over the cores by n
+    halves, then running m in parallel: each core reads all of B, half of it written by the other
+    core. Run n in parallel in the same halves and none of B is handed over (but half of A, packed
+    by m halves); pack both inside the parallel loop and each core packs what it reads."""
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    orders = [["m", "n", "k"]] * 4
+    handed_at_root = [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 3}, {"m": 16, "n": 128, "k": 509},
+                      {"m": 16, "n": 251, "k": 509}]
+    costs = kernel_costs(w, TWO_CORES, orders, handed_at_root)
+    assert [c[:2] + (c[4],) for c in costs.copies] == [("A", 3, ("m", 3)), ("B", 3, None)]
+    assert costs.handoffs == [("B", 510 * 256 * 4 / 2)]
+    free = kernel_costs(w, TWO_CORES.model_copy(update={"handoff_seconds": 0.0}), orders, handed_at_root)
+    assert costs.copy_seconds - free.copy_seconds == pytest.approx(510 * 256 * 4 / 2 * 1e-10, rel=1e-12)
+    # The IR: B's root copy (axes k, n) splits n over the cores, the FMA loop (m, n, k) splits m.
+    body = build(w, TWO_CORES, make_plan(w, TWO_CORES, orders, handed_at_root)).emitted.schedule.mod["main"].body
+    split = parallel_axes(body)
+    assert (split["B_pad_global"], split["gemm_update"]) == ([1], [0])
+    same_halves = [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 3}, {"m": 127, "n": 128, "k": 509},
+                   {"m": 127, "n": 251, "k": 509}]
+    same_orders = [["m", "n", "k"]] * 2 + [["n", "m", "k"]] * 2
+    costs = kernel_costs(w, TWO_CORES, same_orders, same_halves)
+    # A, packed at the root by m halves, is read whole by each core: half of it is handed over.
+    assert [c[:2] + (c[4],) for c in costs.copies] == [("A", 3, None), ("B", 3, None)]
+    assert costs.handoffs == [("A", 128 * 510 * 4 / 2)]
+    body = build(w, TWO_CORES, make_plan(w, TWO_CORES, same_orders, same_halves)).emitted.schedule.mod["main"].body
+    split = parallel_axes(body)
+    assert (split["A_pad_global"], split["B_pad_global"], split["gemm_update"]) == ([0], [1], [1])
+    inside = [{"m": 8, "n": 32, "k": 2}, {"m": 8, "n": 32, "k": 10}, {"m": 8, "n": 128, "k": 170},
+              {"m": 8, "n": 128, "k": 170}]
+    costs = kernel_costs(w, TWO_CORES, [list("kmn"), list("nkm"), list("knm"), list("nkm")], inside)
+    assert all(c[4] is not None for c in costs.copies) and costs.handoffs == []

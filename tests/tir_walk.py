@@ -5,18 +5,31 @@ from collections import Counter
 from tvm import s_tir, tirx
 
 
-def block_loops(stmt, loops=()):
-    """(block name, the loops around it, outermost first) for every block, in program order."""
+def block_loops(stmt, loops=(), realizes=False):
+    """(block name, the loops around it, outermost first) for every block, in program order;
+    with `realizes`, the block's realize (its bindings) as a third item."""
     if isinstance(stmt, tirx.For):
-        yield from block_loops(stmt.body, (*loops, stmt))
+        yield from block_loops(stmt.body, (*loops, stmt), realizes)
     elif isinstance(stmt, tirx.SeqStmt):
         for s in stmt.seq:
-            yield from block_loops(s, loops)
+            yield from block_loops(s, loops, realizes)
     elif isinstance(stmt, s_tir.SBlockRealize):
-        yield stmt.block.name_hint, loops
-        yield from block_loops(stmt.block.body, loops)
+        yield (stmt.block.name_hint, loops, stmt) if realizes else (stmt.block.name_hint, loops)
+        yield from block_loops(stmt.block.body, loops, realizes)
     elif hasattr(stmt, "body"):
-        yield from block_loops(stmt.body, loops)
+        yield from block_loops(stmt.body, loops, realizes)
+
+
+def parallel_axes(stmt) -> dict[str, list[int]]:
+    """Per block under a parallel loop, the block axes (by position) its parallel loop's
+    variable binds: which of the block's dims the cores split."""
+    split = {}
+    for name, loops, realize in block_loops(stmt, realizes=True):
+        par = {lp.loop_var for lp in loops if lp.kind == tirx.ForKind.PARALLEL}
+        if par:
+            split[name] = [i for i, value in enumerate(realize.iter_values)
+                           if par & set(tirx.analysis.undefined_vars(value))]
+    return split
 
 
 def block_runs(stmt) -> Counter:
