@@ -59,7 +59,7 @@ class KernelCosts:
     copy_seconds: float = 0.0
     # per level: bytes the copies and zeroing stream over the link filling it, weighted as
     # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
-    # sum(stream_bytes[l] / bandwidth_l) + issue_seconds: what a refit of the bandwidths rescales
+    # sum(stream_bytes[l] / bandwidth_l) + issue_seconds + handoff_seconds: what a refit of the bandwidths rescales
     # is the first part (models/refit.py)
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
@@ -77,6 +77,7 @@ class KernelCosts:
     # packed buffers read by a core other than the one that wrote them (handed_off): (tensor,
     # bytes the busiest core reads of what another core wrote)
     handoffs: list[tuple[str, float]] = field(default_factory=list)
+    handoff_seconds: float = 0.0  # the part of copy_seconds those take (calibrated, not a link's: no refit rescales it)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
@@ -139,6 +140,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             foreign = handed_off(workload, hardware, site, parallel.get(op.name), eff, padded, fills * block * elem)
             if foreign:
                 costs.handoffs.append((site.tensor, foreign))
+                costs.handoff_seconds += foreign * hardware.handoff_seconds
                 costs.copy_seconds += foreign * hardware.handoff_seconds
     copied = {site.tensor for site in copies}
     # Accumulators stored and reloaded between k steps cost the register link only (the

@@ -96,7 +96,7 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
         if tiles_nest(record.workload, tiles) else None
     streamed = costs.stream_bytes if costs else [0.0] * len(dv)
     return np.array([compute, *dv, *streamed, costs.regions if costs else 0.0, 1.0 if costs else 0.0,
-                     costs.issue_seconds if costs else 0.0])
+                     costs.issue_seconds + costs.handoff_seconds if costs else 0.0])
 
 
 def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,

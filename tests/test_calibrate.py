@@ -205,11 +205,11 @@ def test_calibrate_from_the_command_line(tmp_path):
     # A vector moves 16 floats (AVX-512), 8 or 4: a copy issues it in well under 100 ns, and in
     # more time than a single element takes on any machine measured (1.15 against 0.3 ns on the Zen 4).
     assert 0 < profile.copy_element_seconds < 1e-7 and 0 < profile.copy_vector_seconds < 1e-7
-    # Reading what another core just wrote costs more than reading one's own (0.09-0.12 ns more
-    # per byte on the Zen 4), yet less than a byte from memory takes (over 0.03 ns at any speed
-    # above 30 GB/s, a tenth of a ns at 10 GB/s): under 1 ns a byte.
-    if profile.cores > 1:
-        assert profile.handoff_seconds is not None and 0 < profile.handoff_seconds < 1e-9
+    # Reading what another core just wrote costs more than reading one's own (0.10-0.58 ns more
+    # per byte on the Zen 4), under 1 ns a byte; none when it measured no difference (one core,
+    # or cores shared with another busy process, as under the test suite's other workers).
+    assert profile.handoff_seconds is None or 0 < profile.handoff_seconds < 1e-9
+    assert profile.cores > 1 or profile.handoff_seconds is None
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)
