@@ -370,6 +370,28 @@ def test_a_gemv_band_of_rows_is_interleaved_in_the_row_vectors():
         assert (around == [(kinds.VECTORIZED, lanes), (kinds.UNROLLED, 8), (kinds.UNROLLED, 4)]) == interleaved
 
 
+def test_a_short_reduction_loop_around_the_register_tile_is_unrolled():
+    """A loop of two k steps right around a 14x32 register tile is unrolled in the TensorIR (left
+    to LLVM, it hoisted the 14 A broadcasts beside the 28 accumulators and spilled 13 vectors in
+    the FMA loop); a longer one, or one along a spatial dim, stays a loop. The kernels match numpy."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the register counts are AVX-512's")
+    kinds = tvm.tirx.ForKind
+    w = builtin("gemm", {"m": 97, "n": 211, "k": 131})
+    orders = [list("mnk"), list("nmk"), list("mnk"), list("mnk")][-len(HOST.levels):]
+    for inner, loop in (({"m": 14, "n": 32, "k": 2}, (kinds.UNROLLED, 2)), ({"m": 14, "n": 32, "k": 8}, (kinds.SERIAL, 8)),
+                        ({"m": 14, "n": 64, "k": 1}, (kinds.SERIAL, 2))):
+        reg = {"m": 14, "n": 32, "k": 1}
+        tiles = [reg, reg, inner, {"m": 56, "n": inner["n"], "k": 131}][-len(HOST.levels):]
+        built = build(w, HOST, make_plan(w, HOST, orders, tiles))
+        check(w, built.lib)
+        update = next(loops for name, loops in block_loops(built.emitted.schedule.mod["main"].body)
+                      if name == "gemm_update")
+        above = [lp for lp in update if lp.kind not in (kinds.VECTORIZED,) and int(lp.extent) > 1][:-1]  # the tile's rows aside
+        assert (above[-1].kind, int(above[-1].extent)) == loop
+        _assert_fma_loop_does_not_spill(built)
+
+
 def test_register_tile_rows_are_stored_as_whole_vectors():
     """A register tile's row of four vectors is stored by one vectorised loop: split into single
     vectors, LLVM held the tile as one wide value and stored each vector in four 16-byte pieces
