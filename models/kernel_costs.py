@@ -137,7 +137,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
-            foreign = handed_off(workload, hardware, site, parallel.get(op.name), eff, padded, fills * block * elem)
+            foreign = handed_off(workload, hardware, site, parallel.get(op.name), eff, padded, fills * block * elem,
+                                 block * elem)
             if foreign:
                 costs.handoffs.append((site.tensor, foreign))
                 costs.handoff_seconds += foreign * hardware.handoff_seconds
@@ -192,7 +193,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     return costs
 
 
-def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, padded, nbytes: float) -> float:
+def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, padded, nbytes: float,
+               block: float) -> float:
     """Bytes of a packed buffer the busiest core reads that another core wrote, per call: a copy
     made at the root is split over the cores by its outer loops (backends/llvm_emit._copy_loops),
     one made above the parallel loop on one core; the parallel loop then gives each core its
@@ -202,8 +204,9 @@ def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, pa
     neighbour had just written in 36.7 us against 13.4 us for its own (0.089 ns more per byte);
     gemm 127x251x509 with B packed at the root and m run in parallel ran 0.201 ms, the same
     tiles with B packed per n half inside the parallel loop 0.167 ms (1.70x and 1.91x their one
-    core's times). Only what the writer's private cache still holds is handed off. `nbytes`: all
-    the copy writes per call; `tiles` effective, `parallel` the op's (position, own) or None."""
+    core's times). Only what the writer's private cache still holds of each fill is handed off.
+    `nbytes`: all the copy writes per call, `block` per fill; `tiles` effective, `parallel` the
+    op's (position, own) or None."""
     cores = hardware.cores
     if not parallel or cores < 2 or len(hardware.levels) < 3:
         return 0.0
@@ -211,12 +214,13 @@ def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, pa
     index = workload.index(site.tensor)
     split = site.key is None  # a root copy, split over the cores; else made by one core
     reads = nbytes
-    if any(x in ix.loops for ix in index):  # each core reads its chunk of x's extent
+    if any(x in ix.loops for ix in index):  # each core reads its chunk of each parent tile along x
+        parent = tiles[j + 1][x] if j + 1 < len(tiles) else padded[x]
         chunk = -(-trips(tiles, padded, x, j) // cores) * tiles[j][x]
-        reads = nbytes * min(1.0, chunk / padded[x])
-        if split and _copy_split(workload, site, padded, cores) == (x, chunk):
+        reads = nbytes * min(1.0, chunk / parent)
+        if split and parent == padded[x] and _copy_split(workload, site, padded, cores) == (x, chunk):
             return 0.0
-    written = nbytes / cores if split else nbytes
+    written = block / cores if split else block
     foreign = reads * ((cores - 1) / cores if split else 1.0)
     return foreign * min(1.0, hardware.levels[-2].capacity_bytes / written)
 
