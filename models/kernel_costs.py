@@ -22,6 +22,10 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   new row at every step, and the prefetchers follow such rows less well the
   farther apart they lie, so the loop stalls for a share of the L1 link's
   time for those bytes (`stride_stall`, calibrated per stride);
+- packed buffers handed between cores: a copy made at the root (split over
+  the cores) or above the parallel loop (on one core) is read in the parallel
+  loop's chunks, and what a core reads that another wrote comes from that
+  core's private cache (`handed_off`, calibrated per byte);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;
