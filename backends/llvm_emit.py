@@ -199,15 +199,23 @@ def _row_band(sch, block, workload, op, tiles, nests: _Nests, lanes: int | None)
     if rest or count < 2 or len(reductions) != 1:
         return None
     band = nests.loops.get((op.name, (reductions[0], 0)))
-    if band is None:
+    last = _last_loop_above(sch, block, op)
+    if band is None or last is None or not sch.get(last).same_as(sch.get(band)):
         return None
-    loops = [sch.get(lp) for lp in sch.get_loops(block)]
-    at = next((i for i, lp in enumerate(loops) if lp.same_as(sch.get(band))), None)
-    if at is None or not 1 < loops[at].extent.value <= MAX_BAND:
-        return None
-    if any(lp.extent.value != 1 for lp in loops[at + 1:-1]):
-        return None
-    return band
+    return band if sch.get(band).extent.value <= MAX_BAND else None
+
+
+def _last_loop_above(sch, block, op):
+    """The innermost loop with more than one trip above the op's register tile (called before
+    _micro_kernel splits the tile's own loops, the block's innermost); None when there is none,
+    or when a loop's extent is not a constant."""
+    for rv in reversed(sch.get_loops(block)[: -len(op.loops)]):
+        extent = sch.get(rv).extent
+        if not isinstance(extent, tirx.IntImm):
+            return None
+        if extent.value > 1:
+            return rv
+    return None
 
 
 def _short_reduction(sch, block, workload, op, nests: _Nests):
@@ -218,17 +226,12 @@ def _short_reduction(sch, block, workload, op, nests: _Nests):
     loop, 0.057 ms against 0.035 ms with the loop unrolled (AMD EPYC Zen 4, both cores)."""
     out = workload.tensors[op.output].dims
     reductions = {x for x in op.loops if x not in out} - _windowed(workload, op)
-    above = sch.get_loops(block)[: -len(op.loops)]  # before _micro_kernel splits the tile's loops
-    for rv in reversed(above):
-        extent = sch.get(rv).extent
-        if not isinstance(extent, tirx.IntImm):
-            return None
-        if extent.value == 1:
-            continue
-        dim = next((x for (name, (x, j)), loop in nests.loops.items()
-                    if name == op.name and j >= 0 and sch.get(loop).same_as(sch.get(rv))), None)
-        return rv if dim in reductions and extent.value <= SHORT_REDUCTION else None
-    return None
+    last = _last_loop_above(sch, block, op)
+    if last is None or sch.get(last).extent.value > SHORT_REDUCTION:
+        return None
+    dim = next((x for (name, (x, j)), loop in nests.loops.items()
+                if name == op.name and j >= 0 and sch.get(loop).same_as(sch.get(last))), None)
+    return last if dim in reductions else None
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, windowed: set[str],

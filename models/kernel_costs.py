@@ -141,7 +141,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
-            foreign = handed_off(workload, hardware, site, parallel.get(op.name), eff, padded, fills * block * elem,
+            foreign = handed_off(workload, hardware, site, parallel[op.name], eff, padded, fills * block * elem,
                                  block * elem)
             if foreign:
                 costs.handoffs.append((site.tensor, foreign))
