@@ -567,6 +567,30 @@ def test_measure_reports_both_sides():
     assert m.fma_loop_spills == 0  # the planned register tile stays in registers
 
 
+def test_measure_alternates_numpy_and_the_kernel_and_keeps_each_ones_median(monkeypatch):
+    from cachetile.backends import llvm_measure
+
+    calls = []
+    numpy_times, kernel_times = iter([5.0, 1.0, 3.0, 9.0, 4.0]), iter([2.0, 8.0, 6.0, 1.0, 7.0])
+
+    def fake_numpy(fn, repeat):
+        calls.append("numpy")
+        return next(numpy_times)
+
+    def fake_kernel(lib, args, repeat):
+        calls.append("kernel")
+        return next(kernel_times)
+
+    monkeypatch.setattr(llvm_measure, "_median_seconds", fake_numpy)
+    monkeypatch.setattr(llvm_measure, "time_kernel", fake_kernel)
+    monkeypatch.setattr(llvm_measure, "settle", lambda: None)
+    w = builtin("gemm", {"m": 16, "n": 16, "k": 16})
+    m = get_backend("llvm").measure(tune(w, HOST), repeat=10)
+    assert calls == ["numpy", "kernel"] * 5
+    assert (m.reference_seconds, m.kernel_seconds) == (4.0, 6.0)
+    assert m.ratio == pytest.approx(4.0 / 6.0)
+
+
 # Two cores and four levels whatever this machine has, so the parallel loop is known; the
 # vector width is this machine's, so the kernels build for it.
 TWO_CORES = Hardware(name="two-cores", cores=2, vector_bytes=HOST.vector_bytes, peak_flops=1e11, levels=[
