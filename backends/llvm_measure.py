@@ -42,6 +42,14 @@ def run_kernel(workload: Workload, lib, arrays: dict[str, np.ndarray]) -> dict[s
     return {n: a.numpy() for n, a in zip(workload.signature, args) if n not in arrays}
 
 
+def time_exported(paths: list[str], workload: Workload, repeat: int = 10, seed: int = 0) -> list[float]:
+    """Load each exported kernel (`lib.export_library`) and time it in turn (time_kernel), on one
+    set of random inputs; in this process, so that a fresh one (TVM's PopenWorker) can run it and
+    give the kernels its own heap."""
+    args = kernel_args(workload, random_inputs(workload, seed))
+    return [time_kernel(tvm.runtime.load_module(path), args, repeat) for path in paths]
+
+
 def check(workload: Workload, lib, seed: int = 0) -> float:
     """Run the kernel on random inputs; raise KernelMismatch unless it matches numpy. Returns max |error|."""
     arrays = random_inputs(workload, seed)

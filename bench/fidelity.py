@@ -5,8 +5,8 @@
 
 For each workload: the returned plan, its alternatives and random feasible
 plans (nested legal tiles that fit, random orders), each built with the
-LLVM backend and timed in this process (median of 10 rounds that time every
-plan in turn). Prints per workload the Spearman rank correlation of predicted
+LLVM backend and timed: median of 10 rounds, each a fresh process that times
+every plan in turn, in a shuffled order. Prints per workload the Spearman rank correlation of predicted
 against measured time, how far the returned plan is from the fastest measured
 one, the model's error on the returned plan, and how many plans' FMA loops
 spill vectors to the stack (what LLVM's unrolling around the register tile
@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import llvm, log, random_plan, time_in_rounds  # noqa: E402
+from kernels import llvm, log, random_plan, time_in_fresh_rounds  # noqa: E402
 from solve_times import table  # noqa: E402
 
 WORKLOADS = {
@@ -89,13 +89,12 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     ones timed while it lasts. Timed one plan after the other, the same 140 plans ranked
     themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md). Also each kernel's
     vector spills in its FMA loops (backends/llvm_asm), which the model does not see, and
-    every round's seconds (what --dump keeps)."""
+    every round's seconds (what --dump keeps). Each round runs in its own process, in its own
+    shuffled order (time_in_fresh_rounds): where a kernel's buffers land is drawn anew each round."""
     from cachetile.backends.llvm_asm import fma_loop_spills
-    from cachetile.backends.llvm_measure import kernel_args
-    from cachetile.models.measurement import random_inputs
 
     libs = [llvm().build(w, hw, p).lib.mod for p in plans]
-    times = time_in_rounds(libs, kernel_args(w, random_inputs(w)), rounds, repeat=1)
+    times = time_in_fresh_rounds(libs, w, rounds, repeat=1, rng=random.Random(0))
     return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs], times
 
 

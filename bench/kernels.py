@@ -170,6 +170,38 @@ def time_in_rounds(libs, args, rounds: int, repeat: int = 10, rng=None) -> list[
     return times
 
 
+def time_in_fresh_rounds(libs, workload, rounds: int, repeat: int = 10, rng=None,
+                         timeout: float = 600.0) -> list[list[float]]:
+    """Like time_in_rounds, but each round runs in a fresh process (TVM's PopenWorker), which
+    loads every kernel from an exported file and times each in turn (order shuffled by `rng`).
+
+    Where a kernel's packed buffers land decides up to 1.9x for some plans (gemm 1024^3
+    `mkn:17,16,2 | kmn:17,16,2 | kmn:17,16,2 | kmn:34,32,22`: 25-27 ms in most processes, 45-50 in
+    others), and one process keeps the same placement for all its rounds: its median is one
+    draw. A process per round makes the median one over `rounds` placements."""
+    from tvm.support.popen_pool import PopenWorker
+
+    from cachetile.backends.llvm_measure import time_exported
+
+    times = [[] for _ in libs]
+    with tempfile.TemporaryDirectory(prefix="cachetile-rounds-") as tmp:
+        paths = [os.path.join(tmp, f"kernel{i}.so") for i in range(len(libs))]
+        for lib, path in zip(libs, paths):
+            lib.export_library(path)
+        for _ in range(rounds):
+            order = list(range(len(libs)))
+            if rng is not None:
+                rng.shuffle(order)
+            worker = PopenWorker()
+            try:
+                worker.send(time_exported, ([paths[i] for i in order], workload, repeat), timeout=timeout)
+                for i, t in zip(order, worker.recv()):
+                    times[i].append(t)
+            finally:
+                worker.kill()
+    return times
+
+
 def spearman_rows(workloads, hw, n_plans, time_limit, seed=0):
     from scipy.stats import spearmanr
 

@@ -251,8 +251,8 @@ def _copy_split(workload: Workload, site, padded, cores: int) -> tuple[str, int]
 def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> tuple[float, float]:
     """(vectors, single elements) a packing copy of `elements` elements moves: its innermost loop
     (backends/llvm_emit._copy_loops) runs along a piece of the source's rows when the pack keeps
-    them innermost, vectorised, one vector per `lanes` of the piece or less (a 14-float piece is one
-    vector, a 20-float one two); otherwise, or along pieces of one element, one element at a time.
+    them innermost, vectorised (vector_ops); otherwise, or along pieces of one element, one
+    element at a time.
     An affine input's window (row-major, TensorIR's compact region) is not counted: charged by its
     rows' extent, it ranked ResNet-50's fused 3x3 -> 1x1 plans worse (Spearman 0.73 against 0.75
     over five dumps of bench/fidelity.py).
@@ -268,7 +268,16 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     piece = site.layout.bounds[-1][-1] if site.layout.inner_order[-1] == len(site.layout.dims) - 1 else 1
     if piece <= 1:
         return 0.0, float(elements)
-    return elements / piece * math.ceil(piece / lanes), 0.0
+    return elements / piece * vector_ops(piece, lanes), 0.0
+
+
+def vector_ops(piece: int, lanes: int) -> int:
+    """Loads (and as many stores) LLVM issues for a vectorised run of `piece` elements: a whole
+    vector per `lanes`, then the rest in power-of-two parts (a 15-float piece on AVX-512 takes 8,
+    4, 2 and 1: four, in the assembly of a TensorIR copy, against one for 8 or 16). A pack of
+    gemm 127x251x509's A widened to 15 columns (k tile 255) ran 1.2x as long as one widened to
+    16 (k tile 256) or to 10, 0.030 ms more (BENCHMARKS.md, Side-by-side rounds session)."""
+    return piece // lanes + bin(piece % lanes).count("1")
 
 
 def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, padded, copied, split):

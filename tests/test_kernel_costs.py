@@ -970,3 +970,29 @@ def test_a_buffer_packed_at_the_root_costs_what_the_cores_read_of_each_others_pa
               {"m": 8, "n": 128, "k": 170}]
     costs = kernel_costs(w, TWO_CORES, [list("kmn"), list("nkm"), list("knm"), list("nkm")], inside)
     assert all(c[4] is not None for c in costs.copies) and costs.handoffs == []
+
+
+@pytest.mark.parametrize("piece", [8, 10, 14, 15, 16, 20, 24, 31, 32])
+def test_a_vectorised_copy_of_a_piece_issues_what_vector_ops_counts(piece):
+    """LLVM splits a vector that is not a whole number of registers into power-of-two parts, each
+    a load and a store: count the loads in the assembly of a TensorIR copy of 32 pieces per row
+    against those of 16-float pieces (one zmm load each)."""
+    import re
+
+    import tvm
+    from tvm.script import tirx as T
+
+    from cachetile.models.kernel_costs import vector_ops
+
+    def loads(p):
+        @T.prim_func
+        def copy(A: T.Buffer((64, 1024), "float32"), B: T.Buffer((64, 32, 32), "float32")):
+            for i, j in T.grid(64, 32):
+                for v in T.vectorized(p):
+                    B[i, j, v] = A[i, j * 32 + v]
+
+        lib = tvm.compile(tvm.IRModule({"main": copy}), target={"kind": "llvm", "mcpu": "znver4"})
+        load = re.compile(r"^\s+v?mov\w*\s+-?\d*\(%\w+(,%\w+(,\d)?)?\), %\w+$")
+        return sum(bool(load.match(line)) for line in lib.mod.inspect_source("asm").splitlines())
+
+    assert loads(piece) - loads(16) == 32 * (vector_ops(piece, 16) - 1)
