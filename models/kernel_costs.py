@@ -22,6 +22,10 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   new row at every step, and the prefetchers follow such rows less well the
   farther apart they lie, so the loop stalls for a share of the L1 link's
   time for those bytes (`stride_stall`, calibrated per stride);
+- packing copies that read pieces narrower than a cache line from more rows
+  than L1 can hold at once (rows a multiple of 4 KiB apart share one set):
+  every piece misses L1 again for the line the previous piece brought in
+  (`thrashed_bytes`);
 - packed buffers handed between cores: a copy made at the root (split over
   the cores) or above the parallel loop (on one core) is read in the parallel
   loop's chunks, and what a core reads that another wrote comes from that
@@ -47,7 +51,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import (copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared, output_plan,
+from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared, output_plan,
                      read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .hardware import Hardware
@@ -82,6 +86,8 @@ class KernelCosts:
     # bytes the busiest core reads of what another core wrote)
     handoffs: list[tuple[str, float]] = field(default_factory=list)
     handoff_seconds: float = 0.0  # the part of copy_seconds those take (calibrated, not a link's: no refit rescales it)
+    # copies whose narrow pieces' rows thrash L1 (thrashed_bytes): (tensor, bytes L1 fetches again)
+    thrashed: list[tuple[str, float]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
@@ -136,6 +142,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
         vectors, elements = copy_ops(workload, hardware, site, fills * block)
+        again = thrashed_bytes(workload, hardware, site, fills * block)
+        if again:
+            costs.thrashed.append((site.tensor, again))
+            costs.stream_bytes[1] += again * cores / shared
+            costs.copy_seconds += again * cores / shared / hardware.levels[1].bandwidth_bytes_per_s
         costs.copy_ops.append((site.tensor, vectors, elements))
         issued = (vectors * hardware.copy_vector_seconds + elements * hardware.copy_element_seconds) / shared
         costs.issue_seconds += issued
@@ -278,6 +289,36 @@ def vector_ops(piece: int, lanes: int) -> int:
     gemm 127x251x509's A widened to 15 columns (k tile 255) ran 1.2x as long as one widened to
     16 (k tile 256) or to 10, 0.030 ms more (BENCHMARKS.md, Side-by-side rounds session)."""
     return piece // lanes + bin(piece % lanes).count("1")
+
+
+def thrashed_bytes(workload: Workload, hardware: Hardware, site, elements: float) -> float:
+    """Bytes a packing copy of `elements` elements fetches into L1 again because its pieces are
+    narrower than a line and come from more rows than the L1 sets those rows map to can hold.
+
+    The copy reads a piece of each row of its innermost block, then the next piece of the same
+    rows (backends/llvm_emit._copy_loops), which lies in the lines the first brought in, unless
+    those rows, a multiple of the L1's set span apart (4 KiB: 64 sets of 64-byte lines), crowd
+    fewer sets than their lines need: then every piece misses again, and L1 fetches a whole
+    line per piece instead of the piece. On the AMD EPYC (Zen 4, 8-way 32 KiB L1) of
+    BENCHMARKS.md, gemm 1024^3 `nkm:16,16,1 | nkm:16,16,1 | kmn:16,16,19 | knm:64,32,19` (A
+    packed one element of each of 16 rows at a time, k tile 19 being prime) ran 25.9 ms, the
+    same plan with k tile 16 (16-float pieces, a line each) 14.2 ms, predicted 16.2 and 12.4."""
+    layout, t = site.layout, workload.tensors[site.tensor]
+    l1 = hardware.levels[1] if len(hardware.levels) > 1 else None
+    if layout is None or not t.plain or l1 is None or not l1.ways or layout.inner_order[-1] != len(layout.dims) - 1:
+        return 0.0
+    elem = workload.elem_bytes
+    piece = layout.bounds[-1][-1]
+    if piece * elem >= LINE_BYTES:
+        return 0.0
+    rows = math.prod(b[-1] for b in layout.bounds[:-1])
+    sets = l1.capacity_bytes // (l1.ways * LINE_BYTES)
+    span = sets * LINE_BYTES  # rows this far apart fall into the same set
+    stride = workload.dims[t.dims[-1]] * elem
+    crowded = min(span // math.gcd(stride, span), sets)  # sets the rows' lines fall into
+    if rows <= crowded * l1.ways:
+        return 0.0
+    return elements * (LINE_BYTES / piece - elem)
 
 
 def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, padded, copied, split):

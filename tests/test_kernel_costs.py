@@ -996,3 +996,71 @@ def test_a_vectorised_copy_of_a_piece_issues_what_vector_ops_counts(piece):
         return sum(bool(load.match(line)) for line in lib.mod.inspect_source("asm").splitlines())
 
     assert loads(piece) - loads(16) == 32 * (vector_ops(piece, 16) - 1)
+
+
+def _copy_reads(layout, level: int, row_bytes: int, elem: int):
+    """Byte addresses a packing copy reads for its first block, in backends/llvm_emit._copy_loops'
+    order: each level's tiles in the array's order, then the innermost tile in the pack's order."""
+    import itertools
+
+    first = len(layout.bounds[0]) - level
+    bounds = [b[first:] for b in layout.bounds]
+    loops = [(i, k) for k in range(len(bounds[0]) - 1) for i in range(len(bounds))]
+    trips = [range(bounds[i][k] // bounds[i][k + 1]) for i, k in loops]
+    inner = [range(bounds[i][-1]) for i in layout.inner_order]
+    for outer in itertools.product(*trips):
+        base = [0] * len(bounds)
+        for (i, k), t in zip(loops, outer):
+            base[i] += t * bounds[i][k + 1]
+        for point in itertools.product(*inner):
+            index = list(base)
+            for i, p in zip(layout.inner_order, point):
+                index[i] += p
+            yield index[0] * row_bytes + index[1] * elem
+
+
+def _lru_misses(addresses, capacity: int, ways: int, line: int = 64) -> int:
+    sets = capacity // (ways * line)
+    cache, misses = [[] for _ in range(sets)], 0
+    for a in addresses:
+        tag = a // line
+        s = cache[tag % sets]
+        if tag in s:
+            s.remove(tag)
+        else:
+            misses += 1
+            if len(s) == ways:
+                s.pop(0)
+        s.append(tag)
+    return misses
+
+
+@pytest.mark.parametrize("size,k", [(1024, 19), (1024, 16), (1000, 19)])
+def test_a_copy_whose_narrow_pieces_crowd_one_l1_set_fetches_a_line_per_piece(size, k):
+    """A's pack of 16-row, 1-wide pieces (k tile 19, prime: nothing to widen to) from rows 4 KiB
+    apart misses an 8-way L1 at every read, which an LRU simulation of the copy's reads shows;
+    16-wide pieces (k tile 16), or rows 4000 bytes apart, keep their lines."""
+    from cachetile.models.caches import effective_tiles, input_caches
+    from cachetile.models.kernel_costs import thrashed_bytes
+
+    hw = Hardware(name="cpu", peak_flops=2e11, vector_bytes=64, cores=1, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=8e12),
+        Level(name="L1", capacity_bytes=32768, bandwidth_bytes_per_s=2e11, ways=8),
+        Level(name="L2", capacity_bytes=1 << 20, bandwidth_bytes_per_s=1e11, ways=8),
+        Level(name="L3", capacity_bytes=1 << 25, bandwidth_bytes_per_s=5e10, ways=16)])
+    w = builtin("gemm", {"m": size, "n": size, "k": size})
+    orders = [list("nkm"), list("nkm"), list("kmn"), list("knm")]
+    tiles = [{"m": 16, "n": 16, "k": 1}, {"m": 16, "n": 16, "k": 1}, {"m": 16, "n": 16, "k": k}, {"m": 64, "n": 32, "k": k}]
+    padded, eff = effective_tiles(w, tiles)
+    site = next(s for s in input_caches(w, orders, eff, padded) if s.tensor == "A" and not s.skipped)
+    reads = list(_copy_reads(site.layout, site.level, size * 4, 4))
+    misses = _lru_misses(reads, 32768, 8)
+    again = thrashed_bytes(w, hw, site, len(reads))
+    if again:
+        assert misses == len(reads)  # every read a miss
+        assert (len(reads) * 4 + again) / 64 == misses  # a line per piece of one element
+    else:
+        assert misses < len(reads) / 4  # the lines serve the next pieces
+    assert bool(again) == (size == 1024 and k == 19)
+    kc = kernel_costs(w, hw, orders, tiles)
+    assert [t for t, _ in kc.thrashed] == (["A"] if again else [])
