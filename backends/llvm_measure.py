@@ -97,7 +97,7 @@ def measure_built(workload: Workload, lib, build_seconds: float | None, repeat: 
     Rounds, not one block each, because this VM's memory bandwidth drifts within seconds: the
     memory-bound gemm 1x4096x4096 ran 1.0 ms in one block and 1.7 ms in the next, for the kernel
     and numpy alike, so one block each gave ratios from 0.72 to 1.23; alternating 12 times gave
-    medians within 3% of each other (BENCHMARKS.md, "Side-by-side rounds")."""
+    medians within 3% of each other (BENCHMARKS.md, "Rounds session")."""
     repeat = max(repeat, 10)
     report = progress or (lambda fraction, message: None)
     arrays = random_inputs(workload, seed=1)

@@ -51,8 +51,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared, output_plan,
-                     read_once, trips, walk)
+from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared,
+                     output_plan, read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .hardware import Hardware
 from .profile import RUN_BYTES, SHORT_RUN_BYTES
@@ -287,7 +287,7 @@ def vector_ops(piece: int, lanes: int) -> int:
     vector per `lanes`, then the rest in power-of-two parts (a 15-float piece on AVX-512 takes 8,
     4, 2 and 1: four, in the assembly of a TensorIR copy, against one for 8 or 16). A pack of
     gemm 127x251x509's A widened to 15 columns (k tile 255) ran 1.2x as long as one widened to
-    16 (k tile 256) or to 10, 0.030 ms more (BENCHMARKS.md, Side-by-side rounds session)."""
+    16 (k tile 256) or to 10, 0.030 ms more (BENCHMARKS.md, Rounds session)."""
     return piece // lanes + bin(piece % lanes).count("1")
 
 
