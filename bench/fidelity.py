@@ -8,9 +8,9 @@ plans (nested legal tiles that fit, random orders), each built with the
 LLVM backend and timed: median of 10 rounds, each a fresh process that times
 every plan in turn, in a shuffled order. Prints per workload the Spearman rank
 correlation of predicted against measured time, how far the returned plan is
-from the fastest measured one, the model's error on the returned plan, and how many plans' FMA loops
-spill vectors to the stack (what LLVM's unrolling around the register tile
-does, which the model does not see: backends/llvm_asm.py). Run it with real-time
+from the fastest measured one, the model's error on the returned plan, and how
+many plans' FMA loops spill vectors to the stack (what LLVM's unrolling around
+the register tile does, which the model does not see: backends/llvm_asm.py). Run it with real-time
 priority (chrt) on a shared machine, or quiet: the timings are what the table
 reports. `--dump DIR` writes each workload's plans and measured seconds to
 DIR/NAME.json, so that a change to the model can be ranked against the same

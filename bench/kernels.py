@@ -154,6 +154,14 @@ def random_plan(space, rng):
     raise RuntimeError("no random feasible plan found")
 
 
+def _round_order(count: int, rng) -> list[int]:
+    """The order one round times `count` kernels in: shuffled by `rng`, or as given (None)."""
+    order = list(range(count))
+    if rng is not None:
+        rng.shuffle(order)
+    return order
+
+
 def time_in_rounds(libs, args, rounds: int, repeat: int = 10, rng=None) -> list[list[float]]:
     """Each kernel's time in each of `rounds` rounds (time_kernel: the median of `repeat` runs of
     >= 20 ms of calls). Every round times each kernel in turn, in an order `rng` shuffles (None:
@@ -162,10 +170,7 @@ def time_in_rounds(libs, args, rounds: int, repeat: int = 10, rng=None) -> list[
 
     times = [[] for _ in libs]
     for _ in range(rounds):
-        order = list(range(len(libs)))
-        if rng is not None:
-            rng.shuffle(order)
-        for i in order:
+        for i in _round_order(len(libs), rng):
             times[i].append(time_kernel(libs[i], args, repeat))
     return times
 
@@ -189,9 +194,7 @@ def time_in_fresh_rounds(libs, workload, rounds: int, repeat: int = 10, rng=None
         for lib, path in zip(libs, paths):
             lib.export_library(path)
         for _ in range(rounds):
-            order = list(range(len(libs)))
-            if rng is not None:
-                rng.shuffle(order)
+            order = _round_order(len(libs), rng)
             worker = PopenWorker()
             try:
                 worker.send(time_exported, ([paths[i] for i in order], workload, repeat), timeout=timeout)

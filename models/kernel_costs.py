@@ -54,6 +54,7 @@ import numpy as np
 from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared,
                      output_plan, read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
+from .crowding import set_share
 from .hardware import Hardware
 from .profile import RUN_BYTES, SHORT_RUN_BYTES
 from .workload import Workload
@@ -114,11 +115,12 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     parallel = _parallel_positions(workload, orders, tiles, cores)
     costs = KernelCosts(copy_bytes=[0.0] * len(tiles), stream_bytes=[0.0] * len(tiles))
 
-    def stream(nbytes: float, footprint: float, shared: int = cores) -> float:
-        """Seconds to stream `nbytes` of a `footprint`-byte array or buffer, kept per link; a pass
-        split over `shared` of the cores (1: a serial one) counts cores / shared times, since the
-        link's bandwidth is the figure for all cores."""
-        level = stream_level(hardware, footprint)
+    def stream(nbytes: float, footprint: float | None, shared: int = cores, level: int | None = None) -> float:
+        """Seconds to stream `nbytes` of a `footprint`-byte array or buffer, kept per link (the
+        one stream_level picks, unless `level` names it); a pass split over `shared` of the cores
+        (1: a serial one) counts cores / shared times, since the link's bandwidth is the figure
+        for all cores."""
+        level = stream_level(hardware, footprint) if level is None else level
         weighted = nbytes * (cores / shared)
         costs.stream_bytes[level] += weighted
         return weighted / hardware.levels[level].bandwidth_bytes_per_s
@@ -145,8 +147,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         again = thrashed_bytes(workload, hardware, site, fills * block)
         if again:
             costs.thrashed.append((site.tensor, again))
-            costs.stream_bytes[1] += again * cores / shared
-            costs.copy_seconds += again * cores / shared / hardware.levels[1].bandwidth_bytes_per_s
+            costs.copy_seconds += stream(again, None, shared, level=1)
         costs.copy_ops.append((site.tensor, vectors, elements))
         issued = (vectors * hardware.copy_vector_seconds + elements * hardware.copy_element_seconds) / shared
         costs.issue_seconds += issued
@@ -181,8 +182,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     weight = compute_weight(workload, hardware, orders, tiles) if strided else 0.0
     for name, stride, nbytes, share in strided:
         costs.strides.append((name, stride, nbytes, share))
-        costs.stream_bytes[1] += nbytes * share * weight
-        costs.copy_seconds += nbytes * share * weight / hardware.levels[1].bandwidth_bytes_per_s
+        costs.copy_seconds += stream(nbytes * share * weight, None, level=1)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
@@ -276,10 +276,16 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     if site.layout is None:
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
-    piece = site.layout.bounds[-1][-1] if site.layout.inner_order[-1] == len(site.layout.dims) - 1 else 1
+    piece = row_piece(site.layout) or 1
     if piece <= 1:
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0
+
+
+def row_piece(layout) -> int | None:
+    """Elements of a source row the pack's innermost loop copies in one run, when it keeps the
+    source's rows innermost; None for a transposing pack."""
+    return layout.bounds[-1][-1] if layout.inner_order[-1] == len(layout.dims) - 1 else None
 
 
 def vector_ops(piece: int, lanes: int) -> int:
@@ -303,19 +309,14 @@ def thrashed_bytes(workload: Workload, hardware: Hardware, site, elements: float
     BENCHMARKS.md, gemm 1024^3 `nkm:16,16,1 | nkm:16,16,1 | kmn:16,16,19 | knm:64,32,19` (A
     packed one element of each of 16 rows at a time, k tile 19 being prime) ran 25.9 ms, the
     same plan with k tile 16 (16-float pieces, a line each) 14.2 ms, predicted 16.2 and 12.4."""
-    layout, t = site.layout, workload.tensors[site.tensor]
+    layout, t, elem = site.layout, workload.tensors[site.tensor], workload.elem_bytes
     l1 = hardware.levels[1] if len(hardware.levels) > 1 else None
-    if layout is None or not t.plain or l1 is None or not l1.ways or layout.inner_order[-1] != len(layout.dims) - 1:
-        return 0.0
-    elem = workload.elem_bytes
-    piece = layout.bounds[-1][-1]
-    if piece * elem >= LINE_BYTES:
+    piece = row_piece(layout) if layout is not None else None
+    if piece is None or piece * elem >= LINE_BYTES or not t.plain or l1 is None or not l1.ways:
         return 0.0
     rows = math.prod(b[-1] for b in layout.bounds[:-1])
     sets = l1.capacity_bytes // (l1.ways * LINE_BYTES)
-    span = sets * LINE_BYTES  # rows this far apart fall into the same set
-    stride = workload.dims[t.dims[-1]] * elem
-    crowded = min(span // math.gcd(stride, span), sets)  # sets the rows' lines fall into
+    crowded = set_share(workload.dims[t.dims[-1]] * elem, piece * elem, sets) * sets  # sets the rows' lines use
     if rows <= crowded * l1.ways:
         return 0.0
     return elements * (LINE_BYTES / piece - elem)
