@@ -30,13 +30,11 @@ from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
 from ..models.plan import Plan
+from ..models.targets.simd_cpu import MAX_BAND, SHORT_REDUCTION, UNROLL_LIMIT, banded, windowed_loops
 from ..models.workload import Workload
 from .base import Emitted
 from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
 
-UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
-MAX_BAND = 16  # rows of a one-row register tile's band interleaved in its vectors (_row_band)
-SHORT_REDUCTION = 4  # trips of a reduction loop right around the register tile unrolled (_short_reduction)
 # TVM 0.27 legalises bfloat16 buffers to uint16 storage but not explicit bfloat16 vectors (a
 # BufferStore dtype mismatch), so these dtypes leave their vector loops to LLVM's auto-vectoriser.
 UNVECTORIZED = ("bfloat16",)
@@ -84,7 +82,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     for op in workload.ops:
         band = _row_band(sch, blocks[op.name], workload, op, tiles, nests, lanes)
         short = None if band is not None else _short_reduction(sch, blocks[op.name], workload, op, nests)
-        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes, _windowed(workload, op), band)
+        _micro_kernel(sch, nests, op, micro_order(workload, op), lanes, windowed_loops(workload, op), band)
         if short is not None:
             sch.unroll(short)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
@@ -149,7 +147,7 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
     # its producer do not hold its init there (_zero_tile); so do a convolution's, whose kh/kw
     # loops cannot move below its input window's copy. A GEMM keeps them: it can move them
     # under its key instead, and unbound, its zeroed tile could not be vectorised.
-    keep = len(workload.ops) == 1 and not _windowed(workload, op)
+    keep = len(workload.ops) == 1 and not windowed_loops(workload, op)
     for x, loop in zip(iter_order, sch.get_loops(block)[-len(op.loops):]):
         first = top - 1 if outer_shared(workload, op, (x, top), top) else top
         levels = list(range(first, -1, -1))
@@ -173,14 +171,6 @@ def _parallelize(sch, workload, plan, hardware, nests: _Nests) -> dict:
     return found
 
 
-def _windowed(workload, op) -> set[str]:
-    """The op's reduction loops that slide a window over an input with a spatial loop (kh and kw
-    of a convolution: `oh + kh`)."""
-    out = set(workload.tensors[op.output].dims)
-    return {x for name in op.inputs for ix in workload.index(name) if len(ix.loops) > 1
-            for x in ix.loops if x not in out}
-
-
 def _row_band(sch, block, workload, op, tiles, nests: _Nests, lanes: int | None):
     """The loop of register tiles along the reduction just outside a one-row register tile (a
     GEMV's band of B rows), when it is the last loop with more than one trip above the tile,
@@ -191,13 +181,9 @@ def _row_band(sch, block, workload, op, tiles, nests: _Nests, lanes: int | None)
     serves them in parallel: llama decode 1x4096x4096 (both cores, the AMD EPYC Zen 4 of
     BENCHMARKS.md) ran in 1.05-1.27 ms against 1.94-2.05 with each 1 KiB row piece read whole,
     beside numpy's 1.17-1.36 (a hand-scheduled TensorIR GEMV, 8-row bands, 256-float tiles)."""
-    micro = micro_order(workload, op)
-    if lanes is None or _windowed(workload, op) or any(tiles[0][x] != 1 for x in micro[:-1]):
+    if not banded(workload, op, tiles[0], lanes):
         return None
-    count, rest = divmod(tiles[0][micro[-1]], lanes)
     reductions = [x for x in op.loops if x not in workload.tensors[op.output].dims]
-    if rest or count < 2 or len(reductions) != 1:
-        return None
     band = nests.loops.get((op.name, (reductions[0], 0)))
     last = _last_loop_above(sch, block, op)
     if band is None or last is None or not sch.get(last).same_as(sch.get(band)):
@@ -225,7 +211,7 @@ def _short_reduction(sch, block, workload, op, nests: _Nests):
     broadcasts hoisted into registers beside the 28 accumulators: 13 vectors spilled in the FMA
     loop, 0.057 ms against 0.035 ms with the loop unrolled (AMD EPYC Zen 4, both cores)."""
     out = workload.tensors[op.output].dims
-    reductions = {x for x in op.loops if x not in out} - _windowed(workload, op)
+    reductions = {x for x in op.loops if x not in out} - windowed_loops(workload, op)
     last = _last_loop_above(sch, block, op)
     if last is None or sch.get(last).extent.value > SHORT_REDUCTION:
         return None

@@ -20,6 +20,7 @@ from cachetile.models.errors import KernelMismatch
 from cachetile.models.measurement import random_inputs
 from cachetile.models.measurement import reference as numpy_reference
 from cachetile.models.hardware import Hardware, Level
+from cachetile.models.targets.simd_cpu import hoisted_vectors
 from cachetile.optimizer.registry import SOLVERS
 
 from simulator import simulate_dv
@@ -447,6 +448,32 @@ def test_fma_loop_spills_counts_accumulators_that_do_not_fit_the_registers():
     m = get_backend("llvm").measure(tune(w, HOST), plan=wide)
     assert m.fma_loop_spills == spills
     assert f"its FMA loops store {spills} vector registers to the stack" in format_measurement(m)
+
+
+def test_operands_hoisted_out_of_the_loop_around_the_tile_are_what_the_target_counts():
+    """models/targets/simd_cpu.hoisted_vectors: a 19x16 tile whose two k steps the backend
+    unrolls, inside a 2-trip loop along n, leaves A's 38 broadcasts unchanged through that loop;
+    LLVM hoists them out of it, and beside 19 accumulators they no longer fit 32 registers: the
+    FMAs read them back from the stack, and the target does not admit the plan. With 8 k steps
+    around the tile (a loop LLVM keeps), every operand changes with it: nothing is hoisted, no
+    FMA reads the stack, and the plan is admitted."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the register counts are AVX-512's")
+    lanes = HOST.vector_bytes // 4
+    w = builtin("gemm", {"m": 38, "n": 4 * lanes, "k": 64})
+    orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")][-len(HOST.levels):]
+    target, found = HOST.target, []
+    for steps in (2, 8):
+        reg, outer = {"m": 19, "n": lanes, "k": 1}, {"m": 19, "n": 2 * lanes}
+        tiles = [reg, reg, {**outer, "k": steps}, {**outer, "k": 64}][-len(HOST.levels):]
+        built = build(w, HOST, make_plan(w, HOST, orders, tiles))
+        check(w, built.lib)
+        blocks = fma_blocks(built.lib.mod.inspect_source("asm"))
+        from_stack = sum(1 for b in blocks for line in b.splitlines() if FMA.search(line) and "(%rsp)" in line)
+        hoisted = float(hoisted_vectors(w, w.ops[0], orders, tiles, lanes, target.register_weights(w)))
+        found.append((hoisted, bool(target.admits(w, tiles, 1, orders)), from_stack))
+    assert found[0][:2] == (38.0, False) and found[0][2] >= 38 - (32 - 19)
+    assert found[1] == (0.0, True, 0)
 
 
 def _assert_fma_loop_does_not_spill(built) -> None:

@@ -35,6 +35,13 @@ OOO_FMAS = 128
 # Reduction steps an accumulator takes per load, at least (SimdCpu.admits): gemm and attention plans
 # that reload every step ran 1.2-5x slower than predicted and were never the fastest measured.
 MIN_CHAIN = 2
+# What the LLVM backend unrolls (backends/llvm_emit.py), which decides the loop LLVM hoists the
+# micro-kernel's invariant operands out of (hoisted_vectors): the register tile's loops up to
+# UNROLL_LIMIT points, and a reduction loop of at most SHORT_REDUCTION trips right around the
+# tile, or of a one-row tile of whole vectors (a GEMV's band of B rows) at most MAX_BAND.
+SHORT_REDUCTION = 4
+MAX_BAND = 16
+UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
 
 
 # Besides the block a level keeps for reuse, the kernel streams lines of the other arrays through
@@ -139,24 +146,28 @@ class SimdCpu(Target):
         Elsewhere plain MU."""
         if level != 0:
             return super().level_usage(workload, level, tile, stages)
-        weights = self.register_weights(workload)
-        lanes = self.vector_lanes(workload)
         worst = 0.0
         for op in workload.ops:
-            out = workload.tensors[op.output].dims
-            total = workload.block(op.output, tile)
-            for name in op.inputs:
-                if weights[(op.name, name)] > 1:
-                    total = total + lanes * _window_registers(workload, name, out, tile)
-                else:
-                    # A vector that no other row of the tile reuses goes straight into its FMA;
-                    # a sliding window's (a depthwise input) is reused by the neighbouring points
-                    # of the next reduction steps, and LLVM keeps it.
-                    reused = math.prod(tile[x] for x in out if x not in workload.tensors[name].loops) > 1
-                    reused = reused | (_window_registers(workload, name, out, tile) > 1)
-                    total = total + np.where(reused, workload.block(name, tile, within=out), lanes)
-            worst = np.maximum(worst, total)
+            worst = np.maximum(worst, self.op_registers(workload, op, tile))
         return np.asarray(worst) * workload.elem_bytes
+
+    def op_registers(self, workload, op, tile) -> np.ndarray:
+        """Elements of registers the op's register tile `tile` holds (level_usage)."""
+        weights = self.register_weights(workload)
+        lanes = self.vector_lanes(workload)
+        out = workload.tensors[op.output].dims
+        total = workload.block(op.output, tile)
+        for name in op.inputs:
+            if weights[(op.name, name)] > 1:
+                total = total + lanes * _window_registers(workload, name, out, tile)
+            else:
+                # A vector that no other row of the tile reuses goes straight into its FMA;
+                # a sliding window's (a depthwise input) is reused by the neighbouring points
+                # of the next reduction steps, and LLVM keeps it.
+                reused = math.prod(tile[x] for x in out if x not in workload.tensors[name].loops) > 1
+                reused = reused | (_window_registers(workload, name, out, tile) > 1)
+                total = total + np.where(reused, workload.block(name, tile, within=out), lanes)
+        return np.asarray(total, dtype=np.float64)
 
     def accumulators(self, workload, op, tile) -> np.ndarray:
         """Accumulator vectors the op's register tile `tile` keeps (tiles may be arrays)."""
@@ -181,14 +192,20 @@ class SimdCpu(Target):
         per op, as BLIS's micro-kernel runs its k loop around the register tile: accumulators
         loaded and stored again at every step wait on store forwarding and on what LLVM spills
         when it unrolls the loops around the tile, which no DV term sees (BENCHMARKS.md, "Chain
-        session")."""
+        session"). And registers for what LLVM hoists out of the loop around the tile
+        (hoisted_vectors) beside the tile's own (op_registers): more than the registers hold
+        spill, and every FMA takes its operand as a whole vector from the stack."""
         ok = True
+        registers = self.hardware.levels[0].capacity_bytes / self.hardware.vector_bytes
+        lanes = self.vector_lanes(workload)
         for op in workload.ops:
             whole = self.accumulators(workload, op, workload.dims)
             ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(FMA_CHAINS, whole))
             if orders is not None:
                 steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
                 ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
+                hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, self.register_weights(workload))
+                ok = ok & (self.op_registers(workload, op, tiles[0]) / lanes + hoisted <= registers)
         return ok
 
     def level_filter(self, workload, level, tiles, stages):
@@ -255,3 +272,83 @@ def reduction_chain(workload, op, orders, tiles) -> np.ndarray:
         else:
             open_ = open_ & (n <= 1)
     return chain
+
+
+def windowed_loops(workload, op) -> set[str]:
+    """The op's reduction loops that slide a window over an input with a spatial loop (kh and kw
+    of a convolution: `oh + kh`)."""
+    out = set(workload.tensors[op.output].dims)
+    return {x for name in op.inputs for ix in workload.index(name) if len(ix.loops) > 1
+            for x in ix.loops if x not in out}
+
+
+def banded(workload, op, tile, lanes: int | None):
+    """Whether the backend may interleave a band of reduction steps inside the register tile's
+    vectors (llvm_emit._row_band): a one-row tile spanning two or more whole vectors, one
+    reduction loop, no window. Tiles may be arrays."""
+    out = workload.tensors[op.output].dims
+    reductions = [x for x in op.loops if x not in out]
+    if lanes is None or windowed_loops(workload, op) or len(reductions) != 1:
+        return np.zeros((), dtype=bool)
+    row = np.asarray(tile[out[-1]])
+    ok = (row % lanes == 0) & (row >= 2 * lanes)
+    for x in op.loops:
+        if x != out[-1]:
+            ok = ok & (np.asarray(tile[x]) == 1)
+    return ok
+
+
+def hoisted_vectors(workload, op, orders, tiles, lanes: int, weights) -> np.ndarray:
+    """Vector registers LLVM fills before the loop right around the micro-kernel's unrolled body:
+    the operands that loop leaves unchanged, each input's block over the body (a broadcast
+    element takes a whole vector), which LLVM's loop-invariant code motion loads once outside
+    it, whatever the registers hold. gemm 1000^3 with an 11x16 tile whose 12 unrolled k steps
+    ran inside an 8-trip loop along n: 132 A broadcasts hoisted, 113 of them read back from the
+    stack by the FMAs, 22.1 ms against 11.4 predicted; a 19x16 tile in a 2-trip n loop, 38
+    hoisted, 29.0 against 17.8 (AMD EPYC Zen 4, bench/loop_profile.py). 0 when a reduction loop
+    runs around the body: every operand changes with it.
+
+    The body is what the backend unrolls (backends/llvm_emit.py): the register tile's loops from
+    the vector row out while UNROLL_LIMIT points allow, up to a window's loop; when all are, also
+    a reduction loop right around the tile of at most SHORT_REDUCTION trips (a one-row tile's
+    band: MAX_BAND). Tiles may be arrays."""
+    from ..caches import micro_order, trips, walk
+    from ..costmodel import padded_extents
+
+    windowed = windowed_loops(workload, op)
+    reductions = set(op.loops) - set(workload.tensors[op.output].dims) - windowed
+    micro = micro_order(workload, op)
+    body = {x: np.ones(()) for x in op.loops}
+    body[micro[-1]] = np.asarray(tiles[0][micro[-1]], dtype=np.float64)
+    done = np.zeros((), dtype=bool)
+    hoisted = np.zeros(())
+
+    def around(x, at):  # the loop along x runs around the body where `at`
+        nonlocal done, hoisted
+        at = at & ~done
+        if np.any(at):
+            count = sum(workload.block(name, body) * weights[(op.name, name)] / lanes
+                        for name in op.inputs if x not in workload.tensors[name].loops)
+            hoisted = np.where(at, count, hoisted)
+        done = done | at
+
+    budget = np.full((), float(UNROLL_LIMIT))
+    for x in reversed(micro[:-1]):
+        n = np.asarray(tiles[0][x], dtype=np.float64)
+        stop = (n > budget) | ((n > 1) & (x in windowed))
+        around(x, stop)
+        body[x] = np.where(done, body[x], n)
+        budget = np.where(done, budget, budget // np.maximum(n, 1))
+    padded = padded_extents(workload, tiles)
+    band = banded(workload, op, tiles[0], lanes)
+    unrolled = np.zeros((), dtype=bool)  # a short reduction loop unrolled around the tile
+    for x, j in reversed(walk(workload, orders, op)):
+        if np.all(done):
+            break
+        n = np.asarray(trips(tiles, padded, x, j), dtype=np.float64)
+        limit = np.where(band & (j == 0), MAX_BAND, SHORT_REDUCTION) if x in reductions else 0
+        unroll = (n > 1) & ~done & ~unrolled & (n <= limit)
+        body[x] = np.where(unroll, body[x] * n, body[x])
+        around(x, (n > 1) & ~unroll)
+        unrolled = unrolled | unroll
+    return hoisted
