@@ -1,6 +1,8 @@
 """The kernel's own costs (models/kernel_costs.py) against the TensorIR the backend emits:
 every packing copy's bytes and every parallel region entered, counted by walking the IR."""
 import math
+import sys
+from pathlib import Path
 
 import pytest
 from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
@@ -10,6 +12,8 @@ from cachetile.backends.llvm_build import build
 from cachetile.models.kernel_costs import kernel_costs
 from cachetile.models.objective import charged_dv
 from cachetile.models.hardware import Hardware, Level
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 
 HOST = preset("host")
 # AVX-512 registers (32 x 64 B) and a 12-way 48 KiB L1: the SIMD register model's terms alone.
@@ -157,6 +161,32 @@ def test_simd_register_tiles_keep_enough_accumulators_to_hide_the_fma_latency():
         assert plan.levels[0].tile["m"] * -(-plan.levels[0].tile["n"] // 16) >= FMA_CHAINS
     plain = Hardware(name="plain", peak_flops=1e9, levels=REGISTERS_AND_L1.levels)  # no vectors: no rule
     assert bool(plain.target.admits(gemm, [{"m": 1, "n": 1, "k": 1}, dict(gemm.dims)], 1))
+
+
+def test_a_whole_simd_plan_takes_register_tiles_of_two_rows_unless_the_output_has_one():
+    """SimdCpu.admits with the orders (a whole plan): a one-row register tile reuses no B vector
+    across rows and is not admitted where the output has more rows; a GEMV's is. Without the
+    orders (ranking register tiles, whose multiples seed the outer levels) it is; and random
+    feasible plans, which the fidelity benchmark draws with the orders, never have one."""
+    import random
+
+    from cachetile.models.targets.simd_cpu import MIN_ROWS
+    from cachetile.optimizer.space import Space
+
+    from kernels import random_plan
+
+    hw = REGISTERS_AND_L1
+    assert MIN_ROWS == 2
+    orders = [list("mnk"), list("mnk")]
+    for m, admitted in ((64, False), (1, True)):
+        gemm = builtin("gemm", {"m": m, "n": 256, "k": 64})
+        tiles = [{"m": 1, "n": 128, "k": 1}, dict(gemm.dims)]
+        assert bool(hw.target.admits(gemm, tiles, 1, orders)) is admitted
+        assert bool(hw.target.admits(gemm, tiles, 1))
+    gemm = builtin("gemm", {"m": 64, "n": 256, "k": 64})
+    rng = random.Random(0)
+    plans = [random_plan(Space(gemm, hw), rng) for _ in range(20)]
+    assert all(tiles[0]["m"] >= 2 for _, tiles in plans)
 
 
 def test_a_convolution_window_takes_a_register_per_output_point():

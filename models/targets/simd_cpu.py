@@ -35,6 +35,12 @@ OOO_FMAS = 128
 # Reduction steps an accumulator takes per load, at least (SimdCpu.admits): gemm and attention plans
 # that reload every step ran 1.2-5x slower than predicted and were never the fastest measured.
 MIN_CHAIN = 2
+# Rows a register tile spans (the output's dims other than the vectorised one), at least, where
+# the output has that many: a one-row tile reuses no loaded vector across rows, so every FMA
+# waits on a load of its own. Over 17 fidelity runs (BENCHMARKS.md, "Hoist session") the
+# admitted one-row gemm plans missed their prediction by 0.17-0.43 in mean |log error| against
+# 0.08-0.15 for the others (0.23 against 0.31 on an 8-row decode GEMM), and none was the fastest.
+MIN_ROWS = 2
 # What the LLVM backend unrolls (backends/llvm_emit.py), which decides the loop LLVM hoists the
 # micro-kernel's invariant operands out of (hoisted_vectors): the register tile's loops up to
 # UNROLL_LIMIT points, and a reduction loop of at most SHORT_REDUCTION trips right around the
@@ -194,7 +200,11 @@ class SimdCpu(Target):
         when it unrolls the loops around the tile, which no DV term sees (BENCHMARKS.md, "Chain
         session"). And registers for what LLVM hoists out of the loop around the tile
         (hoisted_vectors) beside the tile's own (op_registers): more than the registers hold
-        spill, and every FMA takes its operand as a whole vector from the stack."""
+        spill, and every FMA takes its operand as a whole vector from the stack. And register
+        tiles of at least MIN_ROWS rows, or all the output's when fewer (a GEMV's one): only a
+        whole plan is held to it, since one-row tiles rank among the best register tiles, whose
+        multiples seed the outer levels' tiles (enumeration.seeded; without them the plans
+        returned for 6 of the 19 shapes of bench/shapes.py were predicted 1-13% slower)."""
         ok = True
         registers = self.hardware.levels[0].capacity_bytes / self.hardware.vector_bytes
         lanes = self.vector_lanes(workload)
@@ -202,6 +212,8 @@ class SimdCpu(Target):
             whole = self.accumulators(workload, op, workload.dims)
             ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(FMA_CHAINS, whole))
             if orders is not None:
+                rows = workload.tensors[op.output].dims[:-1]
+                ok = ok & (_rows(tiles[0], rows) >= min(MIN_ROWS, _rows(workload.dims, rows)))
                 steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
                 ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
                 hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, self.register_weights(workload))
@@ -272,6 +284,13 @@ def reduction_chain(workload, op, orders, tiles) -> np.ndarray:
         else:
             open_ = open_ & (n <= 1)
     return chain
+
+
+def _rows(tile, dims) -> np.ndarray:
+    rows = np.ones(())
+    for x in dims:
+        rows = rows * np.asarray(tile[x], dtype=np.float64)
+    return rows
 
 
 def windowed_loops(workload, op) -> set[str]:
