@@ -149,7 +149,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.thrashed.append((site.tensor, again))
             costs.copy_seconds += stream(again, None, shared, level=1)
         costs.copy_ops.append((site.tensor, vectors, elements))
-        issued = (vectors * hardware.copy_vector_seconds + elements * hardware.copy_element_seconds) / shared
+        issued = issue_seconds(workload, hardware, site, fills * block) / shared
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
@@ -282,6 +282,22 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     return elements / piece * vector_ops(piece, lanes), 0.0
 
 
+def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float) -> float:
+    """Seconds one core spends issuing what copy_ops counts: each vector at copy_vector_seconds,
+    each single element at copy_element_seconds, and a part of a piece narrower than a vector
+    (vector_ops) at the lesser of a vector's figure and its elements'. gemm 127x251x509's plans
+    that pack A two floats a piece were predicted 1.3-1.4x their measured time with each part
+    priced as a 16-float vector (BENCHMARKS.md, "Hoist session")."""
+    vectors, singles = copy_ops(workload, hardware, site, elements)
+    seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
+    piece = row_piece(site.layout) if site.layout is not None else None
+    if piece and piece > 1:
+        parts = _parts(piece % hardware.target.vector_lanes(workload))
+        saved = sum(max(hardware.copy_vector_seconds - w * hardware.copy_element_seconds, 0.0) for w in parts)
+        seconds -= elements / piece * saved
+    return seconds
+
+
 def row_piece(layout) -> int | None:
     """Elements of a source row the pack's innermost loop copies in one run, when it keeps the
     source's rows innermost; None for a transposing pack."""
@@ -294,7 +310,12 @@ def vector_ops(piece: int, lanes: int) -> int:
     4, 2 and 1: four, in the assembly of a TensorIR copy, against one for 8 or 16). A pack of
     gemm 127x251x509's A widened to 15 columns (k tile 255) ran 1.2x as long as one widened to
     16 (k tile 256) or to 10, 0.030 ms more (BENCHMARKS.md, Rounds session)."""
-    return piece // lanes + bin(piece % lanes).count("1")
+    return piece // lanes + len(_parts(piece % lanes))
+
+
+def _parts(rest: int) -> list[int]:
+    """The power-of-two parts LLVM splits a run of `rest` (< lanes) elements into."""
+    return [1 << b for b in range(rest.bit_length()) if rest >> b & 1]
 
 
 def thrashed_bytes(workload: Workload, hardware: Hardware, site, elements: float) -> float:

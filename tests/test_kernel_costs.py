@@ -100,6 +100,25 @@ def test_copies_cost_what_their_loops_issue_beside_their_streams():
     assert costs.stream_bytes == plain.stream_bytes  # what a refit rescales is the streams alone
 
 
+def test_a_part_of_a_piece_narrower_than_a_vector_costs_at_most_its_elements():
+    """kernel_costs.issue_seconds: A's pieces of 17, 18, 20 and 24 floats issue a 16-float vector
+    and a part of 1, 2, 4 and 8 (vector_ops); at 1 ns a vector and 0.3 ns an element, the parts
+    of 1 and 2 cost their elements (0.3 and 0.6 ns), those of 4 and 8 a vector's 1 ns."""
+    from cachetile.models.caches import effective_tiles, input_caches
+    from cachetile.models.kernel_costs import issue_seconds, row_piece
+
+    if HOST.vector_bytes != 64:
+        pytest.skip("the parts are AVX-512's")
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    priced = HOST.model_copy(update={"copy_vector_seconds": 1e-9, "copy_element_seconds": 3e-10})
+    for piece, part_seconds in ((17, 3e-10), (18, 6e-10), (20, 1e-9), (24, 1e-9)):
+        tiles = [{"m": 8, "n": 16, "k": 1}, *[{"m": 8, "n": 16, "k": piece}] * 2, {"m": 127, "n": 16, "k": 509}]
+        padded, eff = effective_tiles(w, tiles)
+        site = next(s for s in input_caches(w, [list("mnk")] * 4, eff, padded) if s.tensor == "A")
+        assert row_piece(site.layout) == piece
+        assert issue_seconds(w, priced, site, 100 * piece) == pytest.approx(100 * (1e-9 + part_seconds), rel=1e-9)
+
+
 def test_tiles_leave_room_in_set_associative_caches():
     """A W-way level may be filled to 1 - 4/W (never under half): 12-way L1 2/3, 16-way 3/4."""
     levels = [Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1e12),
