@@ -149,7 +149,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.thrashed.append((site.tensor, again))
             costs.copy_seconds += stream(again, None, shared, level=1)
         costs.copy_ops.append((site.tensor, vectors, elements))
-        issued = issue_seconds(workload, hardware, site, fills * block) / shared
+        issued = issue_seconds(workload, hardware, site, fills * block, (vectors, elements)) / shared
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
@@ -282,13 +282,14 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     return elements / piece * vector_ops(piece, lanes), 0.0
 
 
-def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float) -> float:
-    """Seconds one core spends issuing what copy_ops counts: each vector at copy_vector_seconds,
-    each single element at copy_element_seconds, and a part of a piece narrower than a vector
-    (vector_ops) at the lesser of a vector's figure and its elements'. gemm 127x251x509's plans
-    that pack A two floats a piece were predicted 1.3-1.4x their measured time with each part
-    priced as a 16-float vector (BENCHMARKS.md, "Hoist session")."""
-    vectors, singles = copy_ops(workload, hardware, site, elements)
+def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float, ops=None) -> float:
+    """Seconds one core spends issuing what copy_ops counts (`ops`, when the caller has them):
+    each vector at copy_vector_seconds, each single element at copy_element_seconds, and a part
+    of a piece narrower than a vector (vector_ops) at the lesser of a vector's figure and its
+    elements'. gemm 127x251x509's plans that pack A two floats a piece were predicted 1.3-1.4x
+    their measured time with each part priced as a 16-float vector (BENCHMARKS.md, "Hoist
+    session")."""
+    vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
     piece = row_piece(site.layout) if site.layout is not None else None
     if piece and piece > 1:

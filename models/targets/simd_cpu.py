@@ -208,15 +208,17 @@ class SimdCpu(Target):
         ok = True
         registers = self.hardware.levels[0].capacity_bytes / self.hardware.vector_bytes
         lanes = self.vector_lanes(workload)
+        weights = self.register_weights(workload) if orders is not None else None
         for op in workload.ops:
             whole = self.accumulators(workload, op, workload.dims)
             ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(FMA_CHAINS, whole))
             if orders is not None:
                 rows = workload.tensors[op.output].dims[:-1]
-                ok = ok & (_rows(tiles[0], rows) >= min(MIN_ROWS, _rows(workload.dims, rows)))
+                whole_rows = math.prod(workload.dims[x] for x in rows)
+                ok = ok & (math.prod(tiles[0][x] for x in rows) >= min(MIN_ROWS, whole_rows))
                 steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
                 ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
-                hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, self.register_weights(workload))
+                hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, weights)
                 ok = ok & (self.op_registers(workload, op, tiles[0]) / lanes + hoisted <= registers)
         return ok
 
@@ -284,13 +286,6 @@ def reduction_chain(workload, op, orders, tiles) -> np.ndarray:
         else:
             open_ = open_ & (n <= 1)
     return chain
-
-
-def _rows(tile, dims) -> np.ndarray:
-    rows = np.ones(())
-    for x in dims:
-        rows = rows * np.asarray(tile[x], dtype=np.float64)
-    return rows
 
 
 def windowed_loops(workload, op) -> set[str]:
