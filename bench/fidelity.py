@@ -8,9 +8,11 @@ plans (nested legal tiles that fit, random orders), each built with the
 LLVM backend and timed: median of 10 rounds, each a fresh process that times
 every plan in turn, in a shuffled order. Prints per workload the Spearman rank
 correlation of predicted against measured time, how far the returned plan is
-from the fastest measured one, the model's error on the returned plan, and how
-many plans' FMA loops spill vectors to the stack (what LLVM's unrolling around
-the register tile does, which the model does not see: backends/llvm_asm.py). Run it with real-time
+from the fastest measured one (and again once the returned plan and the three
+fastest are re-timed in rounds of their own: retime_leaders), the model's error
+on the returned plan, and how many plans' FMA loops spill vectors to the stack
+(what LLVM's unrolling around the register tile does, which the model does not
+see: backends/llvm_asm.py). Run it with real-time
 priority (chrt) on a shared machine, or quiet: the timings are what the table
 reports. `--dump DIR` writes each workload's plans and measured seconds to
 DIR/NAME.json, so that a change to the model can be ranked against the same
@@ -95,7 +97,23 @@ def measure_plans(w, hw, plans, rounds: int = 10):
 
     libs = [llvm().build(w, hw, p).lib.mod for p in plans]
     times = time_in_fresh_rounds(libs, w, rounds, repeat=1, rng=random.Random(0))
-    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs], times
+    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs], times, libs
+
+
+def retime_leaders(w, libs, measured, leaders: int = 3, rounds: int = 10):
+    """The returned plan (index 0) against the `leaders` plans measured fastest, timed again in
+    `rounds` fresh rounds of their own: {index: median seconds}; empty when the returned plan
+    was the fastest. The fastest of 20 medians is a minimum over noisy figures, lower than the
+    same plan's next median (the winner's curse): on this host a plan's rounds spread 1.1-2x
+    as the memory's speed swung (BENCHMARKS.md), and the decode GEMM's three leaders, predicted
+    within 10% of each other, each came out fastest in some run. Timed again together, apart
+    from the sample that picked them, the leaders give the returned plan an unbiased yardstick."""
+    ranked = sorted(range(len(measured)), key=measured.__getitem__)
+    if ranked[0] == 0:
+        return {}
+    picked = [0, *(i for i in ranked[:leaders] if i != 0)]
+    times = time_in_fresh_rounds([libs[i] for i in picked], w, rounds, repeat=1, rng=random.Random(1))
+    return {i: statistics.median(t) for i, t in zip(picked, times)}
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
@@ -106,16 +124,19 @@ def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = Non
         w = workload(name)
         log(f"fidelity: {name}")
         plans = candidate_plans(w, hw, n_plans, random.Random(seed))
-        measured, spills, rounds = measure_plans(w, hw, plans)
+        measured, spills, rounds, libs = measure_plans(w, hw, plans)
+        again = retime_leaders(w, libs, measured)
         predicted = [p.predicted_seconds for p in plans]
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)
             Path(dump, f"{name}.json").write_text(json.dumps({"meas": measured, "spills": spills, "rounds": rounds,
+                                                              "retimed": {str(i): t for i, t in again.items()},
                                                               "plans": [p.model_dump() for p in plans]}))
         rho = spearmanr(predicted, measured).statistic
         fastest = min(measured)
+        retimed = again[0] / min(again.values()) if again else 1.0
         rows.append((name, str(len(plans)), f"{rho:.2f}", f"{measured[0] * 1e3:.3f}", f"{fastest * 1e3:.3f}",
-                     f"{measured[0] / fastest:.3f}", f"{predicted[0] * 1e3:.3f}",
+                     f"{measured[0] / fastest:.3f}", f"{retimed:.3f}", f"{predicted[0] * 1e3:.3f}",
                      f"{w.flops / measured[0] / 1e9:.0f}", str(sum(n > 0 for n in spills))))
     return rows
 
@@ -179,10 +200,12 @@ def main():
     print(f"# model fidelity on {cpu_name()} ({hw.cores} cores, TVM_NUM_THREADS={os.environ['TVM_NUM_THREADS']}); "
           f"hardware {hw.name}: {hw.source or ''}\n")
     rows = fidelity_rows(args.workloads, hw, args.plans, seed=args.seed, dump=args.dump)
-    print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest", "predicted ms",
-                 "returned GFLOP/s", "plans whose FMA loop spills"), rows))
+    print(table(("workload", "plans", "Spearman", "returned ms", "fastest ms", "returned / fastest",
+                 "returned / fastest, leaders re-timed", "predicted ms", "returned GFLOP/s",
+                 "plans whose FMA loop spills"), rows))
     rhos = [float(r[2]) for r in rows]
-    print(f"\nworst Spearman {min(rhos):.2f}; worst returned/fastest {max(float(r[5]) for r in rows):.3f}; "
+    print(f"\nworst Spearman {min(rhos):.2f}; worst returned/fastest {max(float(r[5]) for r in rows):.3f} "
+          f"(leaders re-timed: {max(float(r[6]) for r in rows):.3f}); "
           f"geomean returned/fastest {math.exp(sum(math.log(float(r[5])) for r in rows) / len(rows)):.3f}")
 
 

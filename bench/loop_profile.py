@@ -1,6 +1,7 @@
 """Where a planned CPU kernel spends its time, loop by loop (perf's software clock).
 
     python bench/loop_profile.py gemm --dims m=1000,n=1000,k=1000 [--plan plan.json] [--seconds 5]
+    python bench/loop_profile.py conv2d --dims n=1,c=64,h=56,w=56,k=64,r=3,s=3 --params '{"pad": 1, "layout": "nhwc"}'
 
 The plan (the one `tune` returns, or `--plan`: a file holding the JSON that
 `tune ... --json` prints) is built for this CPU, exported as a shared library,
@@ -18,6 +19,7 @@ zeroing, write-back, the thread pool). Needs `perf` and `objdump` (binutils).
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import shutil
 import subprocess
@@ -37,10 +39,12 @@ COLUMNS = ("instructions", "fma", "loads", "stores", "stack")  # per trip of a l
 MMAP = re.compile(r"MMAP2?.*\[(0x[0-9a-f]+)\((0x[0-9a-f]+)\) @ (0x[0-9a-f]+|0) .*\]: r-xp (\S+)")
 
 
-def workload_of(kind: str, dims: str):
+def workload_of(kind: str, dims: str, params: str | None = None):
     from cachetile import builtin
     from cachetile.api.cli import _extents  # the CLI's own reading of --dims
 
+    if params:
+        return builtin(kind, _extents(dims), params=json.loads(params))
     return builtin(kind, _extents(dims))
 
 
@@ -56,7 +60,7 @@ def child(args) -> None:
     import tvm
 
     kernel = tvm.runtime.load_module(args.child)["main"]
-    inputs = inputs_of(workload_of(args.kind, args.dims))
+    inputs = inputs_of(workload_of(args.kind, args.dims, args.params))
     start = time.perf_counter()
     while time.perf_counter() - start < args.seconds:
         kernel(*inputs)
@@ -123,6 +127,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kind", help="a built-in workload kind (gemm, batch-gemm, gemm-chain, ...)")
     ap.add_argument("--dims", required=True, help="extents, e.g. m=1000,n=1000,k=1000")
+    ap.add_argument("--params", help='a workload\'s parameters as JSON, e.g. \'{"pad": 1, "layout": "nhwc"}\'')
     ap.add_argument("--plan", help="a file holding `tune --json`'s output (default: tune's plan)")
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -139,7 +144,7 @@ def main():
     from cachetile.backends.llvm_measure import time_kernel
     from cachetile.api.autotune import parse_document
 
-    w, hw = workload_of(args.kind, args.dims), hardware_from("host")
+    w, hw = workload_of(args.kind, args.dims, args.params), hardware_from("host")
     use_all_cores(hw)
     plan = plan_from(args.plan, parse_document) if args.plan else tune(w, hw).plan
     with tempfile.TemporaryDirectory(prefix="cachetile-profile-") as tmp:
@@ -149,7 +154,7 @@ def main():
         per_call = time_kernel(built.mod, inputs_of(w), 10)  # unsampled: perf shares the cores
         subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-o", str(data), "--",
                         sys.executable, __file__, args.kind, "--dims", args.dims, "--seconds", str(args.seconds),
-                        "--child", str(library)], capture_output=True, text=True, check=True)
+                        *(["--params", args.params] if args.params else []), "--child", str(library)], capture_output=True, text=True, check=True)
         counts, (found, code) = samples(data, library), loops(library)
     total = sum(counts.values())
     if not total:
