@@ -43,9 +43,7 @@ def workload_of(kind: str, dims: str, params: str | None = None):
     from cachetile import builtin
     from cachetile.api.cli import _extents  # the CLI's own reading of --dims
 
-    if params:
-        return builtin(kind, _extents(dims), params=json.loads(params))
-    return builtin(kind, _extents(dims))
+    return builtin(kind, _extents(dims), params=json.loads(params) if params else None)
 
 
 def inputs_of(w):
@@ -154,7 +152,8 @@ def main():
         per_call = time_kernel(built.mod, inputs_of(w), 10)  # unsampled: perf shares the cores
         subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "4999", "-o", str(data), "--",
                         sys.executable, __file__, args.kind, "--dims", args.dims, "--seconds", str(args.seconds),
-                        *(["--params", args.params] if args.params else []), "--child", str(library)], capture_output=True, text=True, check=True)
+                        *(["--params", args.params] if args.params else []), "--child", str(library)],
+                       capture_output=True, text=True, check=True)
         counts, (found, code) = samples(data, library), loops(library)
     total = sum(counts.values())
     if not total:

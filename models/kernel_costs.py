@@ -291,7 +291,7 @@ def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float,
     session")."""
     vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
-    piece = row_piece(site.layout) if site.layout is not None else None
+    piece = row_piece(site.layout)
     if piece and piece > 1:
         parts = _parts(piece % hardware.target.vector_lanes(workload))
         saved = sum(max(hardware.copy_vector_seconds - w * hardware.copy_element_seconds, 0.0) for w in parts)
@@ -301,7 +301,9 @@ def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float,
 
 def row_piece(layout) -> int | None:
     """Elements of a source row the pack's innermost loop copies in one run, when it keeps the
-    source's rows innermost; None for a transposing pack."""
+    source's rows innermost; None for a transposing pack or an affine input's window (no layout)."""
+    if layout is None:
+        return None
     return layout.bounds[-1][-1] if layout.inner_order[-1] == len(layout.dims) - 1 else None
 
 
@@ -333,7 +335,7 @@ def thrashed_bytes(workload: Workload, hardware: Hardware, site, elements: float
     same plan with k tile 16 (16-float pieces, a line each) 14.2 ms, predicted 16.2 and 12.4."""
     layout, t, elem = site.layout, workload.tensors[site.tensor], workload.elem_bytes
     l1 = hardware.levels[1] if len(hardware.levels) > 1 else None
-    piece = row_piece(layout) if layout is not None else None
+    piece = row_piece(layout)
     if piece is None or piece * elem >= LINE_BYTES or not t.plain or l1 is None or not l1.ways:
         return 0.0
     rows = math.prod(b[-1] for b in layout.bounds[:-1])
