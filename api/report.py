@@ -94,8 +94,8 @@ def format_hardware(hw: Hardware) -> str:
                         if hw.short_run_start_bytes is not None else ""))
         if hw.run_start_reach:
             lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
-        if hw.prefetch_streams:
-            lines.append(f"  rows read in turn that still stream as runs: {hw.prefetch_streams}")
+        if hw.band_stall:
+            lines.append(f"  stall on rows read in turn, by band, of their stream: {_bands(hw.band_stall)}")
         if hw.stride_stall:
             lines.append(f"  stall on rows read in place, by stride, of their L1 link time: {_reach(hw.stride_stall)}")
         if hw.copy_vector_seconds or hw.copy_element_seconds:
@@ -134,8 +134,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append((f"{last.name} size", f"{_bytes(last.capacity_bytes)} (sysfs)", "-", _bytes(profile.last_level_bytes)))
     if profile.run_start_reach:
         rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
-    if profile.prefetch_streams:
-        rows.append(("rows read in turn", "any number", "-", str(profile.prefetch_streams)))
+    if profile.band_stall:
+        rows.append(("stall by band of rows", "none", "-", _bands(profile.band_stall)))
     if profile.stride_stall:
         rows.append(("stall by row stride", "none", "-", _reach(profile.stride_stall)))
     if profile.copy_vector_seconds and profile.copy_element_seconds:
@@ -150,6 +150,10 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
 
 def _reach(points) -> str:
     return ", ".join(f"{_bytes(size)} {100 * share:.0f}%" for size, share in points)
+
+
+def _bands(points) -> str:
+    return ", ".join(f"{rows:.0f} rows {100 * share:.0f}%" for rows, share in points)
 
 
 def _rows(rows: list[tuple[str, ...]]) -> list[str]:

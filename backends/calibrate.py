@@ -35,9 +35,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   charge runs well before an array leaves the last cache;
 - a GEMV's micro-kernel reading B from memory where it lies, its rows in
   bands of 8 to 256 that the tile walks along, each row in turn: past the
-  rows the hardware prefetcher follows at once, the time climbs (1.24-1.38x
-  from 8 to 16 rows on the AMD EPYC Zen 4 of BENCHMARKS.md), and the band
-  before the first 1.15x the fastest is the profile's prefetch_streams;
+  rows the hardware prefetcher follows at once, the time climbs (1.08-1.27x
+  from 8 to 16 rows on the AMD EPYC Zen 4 of BENCHMARKS.md, 1.9-2.2x at 32),
+  and what each band takes beyond the narrowest, as a share of its time, is
+  the profile's band_stall;
 - the 4x4 micro-kernel reading B from L2 (a panel a quarter deeper than L1
   holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
   timed in turn on all cores: what each stride adds, as a share of the L1
@@ -85,7 +86,7 @@ HOLDS = 0.8  # a working set streaming at this share of the fastest smaller one 
 ROW_BYTES = 16384  # the strided stream's rows
 BANDS = (8, 16, 32, 64, 128, 256)  # rows the banded micro-kernel reads in turn (band_seconds)
 BAND_ROUNDS = 3
-BAND_STEP = 1.15  # a band this much slower than the fastest no wider marks the prefetcher's limit
+REGION_ROUNDS = 7  # pairs of the region loop timed with and without its parallel annotation
 # B's rows, in panel widths apart: 1, 2 and 3 KiB for a 64-float panel. Rows farther apart crowd
 # fewer of L2's sets, and which ones depends on where the pages land: on the Intel Xeon of
 # BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
@@ -298,22 +299,24 @@ def band_seconds(threads: int, bytes_per_thread: int, lanes: int, bands=BANDS, r
     return seconds
 
 
-def fit_streams(seconds: dict[int, list[float]]) -> int | None:
-    """The band before the first whose median is BAND_STEP or more times the fastest band's no
-    wider: the rows the prefetcher follows at once. None when no band is that much slower (any
-    number, as the model assumes uncalibrated).
+def fit_band_stall(seconds: dict[int, list[float]]) -> list[tuple[float, float]]:
+    """Per band (increasing), the median time beyond the narrowest band's, as a share of it,
+    never less than a narrower band's: more rows read in turn leave the prefetcher no more
+    streams, so a dip is noise.
 
-    Not the band before the largest step: past the prefetcher's limit the time keeps climbing,
-    and which later step is largest is noise. A GEMV micro-kernel from memory on the AMD EPYC
-    Zen 4 of BENCHMARKS.md, three calibrations: 16 rows 1.38, 1.36 and 1.24x the 8-row band,
-    32 rows 1.71, 1.78 and 1.67x; the largest step gave 8, 8 and 16."""
-    fastest, before = float("inf"), None
-    for band in sorted(seconds):
-        median = statistics.median(seconds[band])
-        if median >= BAND_STEP * fastest:
-            return before
-        fastest, before = min(fastest, median), band
-    return None
+    A share, not a cliff at the band where the time steps up: on the AMD EPYC Zen 4 of
+    BENCHMARKS.md, 16-row bands took 1.08, 1.21 and 1.27x the 8-row band's time in three
+    calibrations (32 rows: 1.94-2.19x), so a threshold at 1.15x put the prefetcher's limit at 8
+    or 16 rows by chance. And what the band adds is the same time whatever the micro-kernel
+    does beside it: 0.4-0.7 ms over the 8-row band at 16 rows, 1.5-2.9 ms at 32, for register
+    tiles of 1x4, 1x8, 2x4, 4x2, 4x4 and 8x2 vectors alike (B 64 MiB, 2.6-4.3 ms at 8 rows), so
+    kernel_costs adds it to the plan's time as it adds run starts."""
+    medians = {band: statistics.median(times) for band, times in sorted(seconds.items())}
+    base, share, points = next(iter(medians.values())), 0.0, []
+    for band, median in medians.items():
+        share = max(share, median / base - 1.0)
+        points.append((float(band), share))
+    return points
 
 
 def copy_seconds(lanes: int, vector: bool) -> float:
@@ -371,28 +374,35 @@ def handoff_seconds(threads: int, private_bytes: int, lanes: int) -> float:
     return max(other - own, 0.0) / (n * 4)
 
 
-def region_and_call_seconds(threads: int, outer: int = 2000) -> tuple[float, float]:
-    """Seconds per parallel loop entered from a serial loop around it, and per near-empty call."""
+def region_and_call_seconds(threads: int, outer: int = 2000, rounds: int = REGION_ROUNDS) -> tuple[float, float]:
+    """Seconds per parallel loop entered from a serial loop around it, and per near-empty call.
+
+    The loop with and without its parallel annotation, timed in turn, `rounds` times: the
+    median difference. One pair at a time drew 0.7-0.8 or 1.4-1.7 us per region on the AMD EPYC
+    Zen 4 of BENCHMARKS.md, from one process to the next; the fused chains and the decode
+    GEMMs that enter a region per k block ranked by which one calibration drew."""
     import tvm
     from tvm import te
 
     A = te.placeholder((outer, threads, 16), "float32", name="A")
     B = te.compute((outer, threads, 16), lambda o, t, v: A[o, t, v] + 1.0, name="B")
-    times = []
+    libs = []
     for parallel in (True, False):
         sch = tvm.s_tir.Schedule(te.create_prim_func([A, B]))
         o, t, v = sch.get_loops(sch.get_sblock("B"))
         if parallel:
             sch.parallel(t)
         sch.vectorize(v)
-        lib = tvm.compile(sch.mod, target=_target(threads))
-        times.append(_median_seconds(lib, _tensors(*[np.zeros((outer, threads, 16), "float32")] * 2)))
+        libs.append(tvm.compile(sch.mod, target=_target(threads)))
+    args = _tensors(*[np.zeros((outer, threads, 16), "float32")] * 2)
+    region = statistics.median(max(_median_seconds(libs[0], args) - _median_seconds(libs[1], args), 0.0)
+                               for _ in range(rounds)) / outer
     one = te.placeholder((1,), "float32", name="A")
     sch = tvm.s_tir.Schedule(te.create_prim_func([one, te.compute((1,), lambda i: one[i] + 1.0, name="B")]))
     lib = tvm.compile(sch.mod, target=_target(1))
     timer = lib.mod.time_evaluator("main", tvm.cpu(), number=1000, repeat=5)
     call = statistics.median(timer(*_tensors(np.zeros(1, "float32"), np.zeros(1, "float32"))).results)
-    return max(times[0] - times[1], 0.0) / outer, call
+    return region, call
 
 
 def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, int], lanes: int,
@@ -546,10 +556,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
         step(f"runs over {size >> 20} MiB on {cores} core(s)")
         sweep[size] = run_start_ratios(cores, size // cores, lanes, rounds=REACH_ROUNDS)
     step(f"bands of rows on {cores} core(s)")
-    # A GEMV from memory, where bands matter most: on the Zen 4, 16 rows over half the last cache
-    # ran 1.01-1.18x the 8-row band's time, from memory 1.24-1.38x (gemm 1x4096x4096: 16-row
-    # bands 0.54-0.69x numpy, 8-row 0.84x). An 8-row micro-kernel hides it (0.94-1.18x).
-    prefetch = fit_streams(band_seconds(cores, far // cores, lanes))
+    # A GEMV from memory, where the band's time shows clearest: little else runs beside it (over
+    # half the last cache on the Zen 4, 16 rows ran 1.01-1.18x the 8-row band's time, from
+    # memory 1.08-1.38x).
+    bands = fit_band_stall(band_seconds(cores, far // cores, lanes))
     strides = None
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
@@ -578,6 +588,6 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        prefetch_streams=prefetch, stride_stall=strides, copy_vector_seconds=copy_vector,
+        band_stall=bands, stride_stall=strides, copy_vector_seconds=copy_vector,
         copy_element_seconds=copy_element, handoff_seconds=handoff,
     )

@@ -5,14 +5,15 @@
 A micro-kernel that reads an input where it lies (a decode GEMM's weights)
 reads its L1 block's rows in turn, a slice of each, then the next slice of
 the same rows. The model counts such a row as one run as long as the blocks
-that follow continue it (models/kernel_costs.contiguous_run), whatever the
-number of rows. Two tables test that:
+that follow continue it (models/kernel_costs.contiguous_run), and charges
+the band what calibration measured for its rows (kernel_costs.band_stall).
+Two tables test that:
 
 1. the banded micro-kernel calibration times (backends/calibrate.band_seconds:
    one row of A broadcast against four vectors of B, a GEMV's register tile,
    over a B of 16 KiB rows read in bands the tile walks along); per
    working-set size (MiB, all threads), each band's time against the fastest,
-   and the prefetch_streams calibration would fit;
+   and the band_stall calibration would fit from it;
 2. the same through the planner and the LLVM backend: decode GEMMs (m 8 and 1)
    whose L1 block is m x 32 (64 for the GEMV) x `band` and whose L2 block
    spans 2048 columns, so B's
@@ -20,7 +21,7 @@ number of rows. Two tables test that:
    (bench/fidelity.measure_plans), beside the plan `tune` returns.
 
 When the bands grow past what the hardware prefetcher follows at once, each
-row's next slice misses instead of streaming. BENCHMARKS.md ("Band session")
+row's next slice starts late instead of streaming. BENCHMARKS.md ("Band session")
 has the figures and what the model would need to see it.
 """
 from __future__ import annotations
@@ -35,7 +36,7 @@ from solve_times import all_cores_host, plan_spec, table  # noqa: E402
 
 
 def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
-    from cachetile.backends.calibrate import BANDS, band_seconds, fit_streams
+    from cachetile.backends.calibrate import BANDS, band_seconds, fit_band_stall
 
     rows = []
     for size in sizes_mib:
@@ -43,7 +44,7 @@ def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
         medians = {band: statistics.median(v) for band, v in seconds.items()}
         best = min(medians.values())
         rows.append([f"{size}", *(f"{medians[b] * 1e3:.3f} ({medians[b] / best:.2f}x)" for b in BANDS),
-                     str(fit_streams(seconds))])
+                     ", ".join(f"{share:.2f}" for _, share in fit_band_stall(seconds))])
     return rows
 
 
@@ -76,7 +77,7 @@ def main():
     print("banded stream, ms per call (x the fastest band)\n")
     from cachetile.backends.calibrate import BANDS
 
-    print(table(["MiB", *(f"band {b}" for b in BANDS), "prefetch_streams"],
+    print(table(["MiB", *(f"band {b}" for b in BANDS), "band_stall"],
                 stream_rows(args.sizes, threads, lanes, args.rounds)))
     print("\nplanned decode GEMMs reading B unpacked, B's rows continued across L1 blocks\n")
     print(table(["gemm", "L1 rows", "plan", "predicted ms", "measured ms"], plan_rows(hw, args.rounds)))

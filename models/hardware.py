@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput, one_line_errors
-from .profile import Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
+from .profile import BandPoints, Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
 from .workload import Dtype
 
 
@@ -89,10 +89,11 @@ class Hardware(BaseModel):
         None, description="CPU: per input size in bytes (increasing), the share of the run start figures its runs pay, "
                           "linear in the log of the size between points and the nearer point's outside them; none "
                           "until calibrated: all of them beyond the outermost level, none within")
-    prefetch_streams: int | None = Field(
-        None, ge=1, description="CPU: rows of an unpacked input the micro-kernel may read in turn and still have "
-                                "each row stream as one run across the blocks that continue it (what the hardware "
-                                "prefetcher follows at once); none until calibrated: any number")
+    band_stall: BandPoints = Field(
+        None, description="CPU: per band of rows (increasing) an unpacked input is read in, each row in turn along "
+                          "the rows, what its stream takes beyond a contiguous one, as a share of that stream's time "
+                          "(kernel_costs.band_stall: linear in the log of the rows between points); none until "
+                          "calibrated: no stall")
     stride_stall: StridePoints = Field(
         None, description="SIMD CPU: per row stride in bytes (increasing), what an FMA loop reading an input in place, "
                           "its rows that far apart, stalls for beside a contiguous read, as a share of the L1 fill "
@@ -327,7 +328,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
-        **({"prefetch_streams": profile.prefetch_streams} if profile.prefetch_streams else {}),
+        **({"band_stall": profile.band_stall} if profile.band_stall else {}),
         **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
         **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),

@@ -16,7 +16,10 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   run's start costs the stream more (`run_start`: calibrated from memory on
   128-byte and 1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on
   both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed),
-  a share of that growing with the input's size (`run_start_reach`);
+  a share of that growing with the input's size (`run_start_reach`); and
+  when the L1 block reads a piece of more rows in turn than the hardware
+  prefetcher follows at once, though the next blocks continue them, the
+  stream takes a share longer (`band_stall`: calibrated per band of rows);
 - inputs read in place whose rows lie apart (an unpacked B whose register
   tile reads a 64-float piece of each 768-float row): the FMA loop fetches a
   new row at every step, and the prefetchers follow such rows less well the
@@ -80,6 +83,9 @@ class KernelCosts:
     # inputs streamed unpacked whose runs pay a share of a run start (run_start_reach): (tensor,
     # contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
+    # inputs streamed unpacked whose L1 block reads pieces of several rows in turn, continued by
+    # the next blocks (band_rows): (tensor, rows read in turn, band_stall's share of its stream)
+    bands: list[tuple[str, int, float]] = field(default_factory=list)
     # inputs read in place a piece of each row at a time (strided_inputs): (tensor, bytes its rows
     # lie apart, bytes it streams into L1, the share of their L1 link time the FMA loop stalls for)
     strides: list[tuple[str, int, float, float]] = field(default_factory=list)
@@ -173,11 +179,15 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             reach = run_start_reach(hardware, size)
             if not reach:
                 continue
-            run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores,
-                                 hardware.prefetch_streams)
+            run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores)
             runs = workload.size(name) / run
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
+            rows, piece = band_rows(workload, name, eff, padded)
+            share = band_stall(hardware, rows) if piece and run > piece else 0.0
+            if share:
+                costs.bands.append((name, rows, share))
+                costs.copy_seconds += stream(size * share * reach, size)
     strided = strided_inputs(workload, hardware, orders, tiles, eff, padded, copied, parallel)
     weight = compute_weight(workload, hardware, orders, tiles) if strided else 0.0
     for name, stride, nbytes, share in strided:
@@ -365,7 +375,7 @@ def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, p
             if read_once(workload, op, name, eff, padded):
                 continue
             run = contiguous_run(workload, orders, op, name, eff, padded, split.get(op.name, (None,))[0],
-                                 hardware.cores, hardware.prefetch_streams)
+                                 hardware.cores)
             if run >= padded[t.dims[-1]]:
                 continue  # whole rows, one after another
             stride = workload.dims[t.dims[-1]] * workload.elem_bytes  # the array's own rows: read in place
@@ -452,8 +462,48 @@ def run_start_reach(hardware: Hardware, nbytes: float) -> float:
     return float(np.interp(math.log(nbytes), np.log(sizes), shares))
 
 
-def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1,
-                   streams: int | None = None) -> int:
+def band_stall(hardware: Hardware, rows: int) -> float:
+    """The share of an unpacked input's stream that reading it in bands of `rows` rows adds
+    (Hardware.band_stall: linear in the log of the rows between the bands calibrated, the
+    nearer band's outside them; none uncalibrated).
+
+    The micro-kernel reads a piece of each of its L1 block's rows in turn, and the next blocks
+    continue them: each row is a stream the hardware prefetcher must follow, and past the
+    streams it follows at once, each row's next piece starts late. gemm 8x4096x1024 reading B
+    through L1 blocks 8x32xk moving along 2048-wide rows ran in 0.323, 0.335, 0.339, 0.456 and
+    0.450 ms for k = 8, 16, 32, 64 and 128 rows (Intel Xeon, two cores, bench/bands.py,
+    BENCHMARKS.md "Band session"), all predicted 0.570 ms before the bands were costed. Graded,
+    not a limit past which each piece counts as a run of its own: on the AMD EPYC Zen 4, a GEMV
+    took 1.08-1.27x its 8-row time with 16-row bands and about 2x with 32 or more, while such a
+    cut charged 16-row bands as much as 256-row ones ("Graded band session")."""
+    points = hardware.band_stall
+    if not points or rows <= 1:
+        return 0.0
+    bands, shares = zip(*points)
+    return float(np.interp(math.log(rows), np.log(bands), shares))
+
+
+def followed_rows(hardware: Hardware) -> int | None:
+    """The widest band calibrated whose stall is under half the widest's: the band the polish
+    narrows a wider one to (optimizer/local._band_moves). None without a stall."""
+    points = hardware.band_stall or []
+    top = max((share for _, share in points), default=0.0)
+    calm = [int(rows) for rows, share in points if share < top / 2]
+    return max(calm) if top > 0 and calm else None
+
+
+def band_rows(workload: Workload, name: str, tiles, padded) -> tuple[int, int]:
+    """(rows, piece): the rows of input `name`'s row-major array its L1 block reads in turn and
+    the elements it reads of each, when it holds a piece of its rows; (1, 0) when it reads
+    whole rows, one after another (tiles effective)."""
+    dims = workload.tensors[name].dims
+    block = [tiles[min(1, len(tiles) - 1)][x] for x in dims]
+    if block[-1] >= padded[dims[-1]]:
+        return 1, 0
+    return math.prod(block[:-1]), block[-1]
+
+
+def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, split=None, cores: int = 1) -> int:
     """Elements in each contiguous run of input `name`'s row-major array as one thread's walk
     reads it unpacked (tiles effective; `split`, the op's parallel loop position, gives each of
     the `cores` threads a contiguous chunk of its trips): its L1 block's rows, grown while the
@@ -468,13 +518,7 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
     block 2048 wide (one block per thread: runs of 2048 floats, half a row) ran at 0.77-0.86x the
     time of 64x64 blocks moving down its columns (runs of 64), Intel Xeon, BENCHMARKS.md.
     Or a private cache's whole block, where one thread's part of it is one contiguous piece of
-    the array (rows read whole).
-
-    Neither when the L1 block reads more rows in turn than the prefetcher follows (`streams`,
-    Hardware.prefetch_streams): each visit to a row is then a run of its own. gemm 8x4096x1024
-    reading B unpacked through L1 blocks 8x32xk moving along 2048-wide rows ran in 0.323,
-    0.335, 0.339, 0.456 and 0.450 ms for k = 8, 16, 32, 64 and 128 rows (Intel Xeon, two cores,
-    bench/bands.py, BENCHMARKS.md "Band session"), all predicted 0.570 ms before this rule."""
+    the array (rows read whole). How many rows the block reads in turn is band_stall's matter."""
     dims = workload.tensors[name].dims
     full = [padded[x] for x in dims]
     level = min(1, len(tiles) - 1)
@@ -492,8 +536,6 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
         return -(-t // cores) if (x, j) == split else t
 
     block = [tiles[level][x] for x in dims]
-    if streams is not None and block[-1] < full[-1] and math.prod(block[:-1]) > streams:
-        return run(block)
     for x, j in reversed(walk(workload, orders, op)):
         t = share(x, j)
         if j < level or x not in dims or t == 1:

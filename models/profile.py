@@ -52,6 +52,9 @@ ReachPoints = Annotated[list[tuple[float, float]] | None, _points("run_start_rea
 # kernel_costs.stride_stall: per row stride
 StridePoints = Annotated[list[tuple[float, float]] | None,
                          _points("stride_stall", "strides", sys.float_info.max, "finite and >= 0")]
+# kernel_costs.band_stall: per rows read in turn
+BandPoints = Annotated[list[tuple[float, float]] | None,
+                       _points("band_stall", "rows", sys.float_info.max, "finite and >= 0")]
 
 
 class Figure(BaseModel):
@@ -110,10 +113,10 @@ class Profile(BaseModel):
         None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
                           "above that a strided stream that large pays, measured on all cores; none in older profiles: "
                           "all of it beyond the last cache, none within")
-    prefetch_streams: int | None = Field(
-        None, ge=1, description="the most rows of a large array a micro-kernel reads in bands (each row in turn, "
-                                "along the rows) while staying near the speed of the narrowest band; none in older "
-                                "profiles: any number")
+    band_stall: BandPoints = Field(
+        None, description="per band of rows (increasing) that a GEMV's micro-kernel reads in turn, walking along "
+                          "them, from an array twice the last cache: the time it takes beyond the narrowest band's, "
+                          "as a share of that time (all cores); none in older profiles: no stall")
     stride_stall: StridePoints = Field(
         None, description="per row stride in bytes (increasing), the time an FMA loop reading its vector input's "
                           "rows that far apart from L2 adds over reading them contiguous, as a share of the L1 fill "

@@ -12,6 +12,7 @@ import math
 
 import numpy as np
 
+from ..models.kernel_costs import followed_rows
 from .registry import Candidate, Deadline, rescore, score
 from .space import Space, divisors
 
@@ -267,15 +268,15 @@ BAND_SIZES = 2  # per input, the widest band that fits the prefetcher and the ne
 
 def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     """Plans whose L1 block reads an unpacked input in a band of rows the prefetcher follows
-    (Hardware.prefetch_streams), with or without the L2 block taking that band across its
+    (kernel_costs.followed_rows), with or without the L2 block taking that band across its
     parent's whole rows, so that each row streams as one run (kernel_costs.contiguous_run).
-    Once the model sees that wider bands break the runs, such a plan is several moves away:
-    narrowing the L1 block alone leaves runs of its width, as costly as the wide band (gemm
+    Once the model sees that wider bands stall (kernel_costs.band_stall), such a plan is several
+    moves away: narrowing the L1 block alone leaves runs of its width, as costly as the wide band (gemm
     8x4096x4096: bands of 8-16 rows across 2048 columns ran in 1.3 ms, the 128-row band tune
     returned before in 2.0, bench/bands.py). `costs`: the plan's kernel_costs, which name its
     unpacked inputs."""
     w, loops, n = space.workload, space.loops, space.n_levels
-    streams = space.hardware.prefetch_streams
+    streams = followed_rows(space.hardware)
     if not streams or n < 3:
         return []
     now = tuple(tuple(t[x] for x in loops) for t in tiles)

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (BAND_STEP, BANDS, LOADS, STRIDE_SPREADS, fit_accumulators, fit_last_level,
-                                          fit_peak_and_registers, fit_reach, fit_run_start, fit_streams,
+from cachetile.backends.calibrate import (BANDS, LOADS, STRIDE_SPREADS, fit_accumulators, fit_last_level,
+                                          fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
                                           last_level_sizes, reach_sizes)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
@@ -26,7 +26,7 @@ def _profile(key: str) -> Profile:
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
-                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], prefetch_streams=32,
+                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
                    copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10)
 
@@ -46,8 +46,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
     assert (hw.short_run_start_bytes, assumed.short_run_start_bytes) == (60.0, None)
     assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
-    assert (hw.prefetch_streams, assumed.prefetch_streams) == (32, None)
-    assert "rows read in turn that still stream as runs: 32" in format_hardware(hw)
+    assert (hw.band_stall, assumed.band_stall) == ([(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)], None)
+    assert "stall on rows read in turn, by band, of their stream: 8 rows 0%, 16 rows 20%, 32 rows 90%" in format_hardware(hw)
     assert (hw.stride_stall, assumed.stride_stall) == ([(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)], None)
     assert "by stride, of their L1 link time: 256 B 0%, 1 KiB 5%, 3 KiB 25%" in format_hardware(hw)
     assert (hw.copy_vector_seconds, hw.copy_element_seconds) == (1.2e-9, 3e-10)
@@ -193,7 +193,8 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert all(np.isfinite(v) and v > 0 for v in figures)
     starts = [profile.run_start_bytes.all_cores, profile.short_run_start_bytes.all_cores]
     assert all(np.isfinite(v) and v >= 0 for v in starts)
-    assert profile.prefetch_streams is None or profile.prefetch_streams in BANDS[:-1]
+    bands, stalls = zip(*profile.band_stall)
+    assert bands == tuple(map(float, BANDS)) and stalls[0] == 0.0 and list(stalls) == sorted(stalls)
     sysfs = host(calibrated=False).levels[-1].capacity_bytes
     assert profile.last_level_bytes is None or 0 < profile.last_level_bytes < sysfs
     sizes, shares = zip(*profile.run_start_reach)
@@ -219,19 +220,17 @@ def test_calibrate_from_the_command_line(tmp_path):
         "tune: error: --calibrate measures this machine: use `tune hardware host --calibrate` (got 'h100')")
 
 
-def test_the_prefetcher_follows_the_bands_within_band_step_of_the_fastest():
-    """Band medians (bands of 8 to 256 rows): the Intel Xeon of BENCHMARKS.md over 16 MiB
-    (ms; 64 rows are the first 1.15x the fastest): 32 rows; the AMD EPYC Zen 4's GEMV from
-    memory (x the 8-row band; 16 rows 1.38x): 8, where the largest step (16 to 32 rows, 1.24x)
-    named 16. Times that never climb BAND_STEP over the fastest give none (any number); a
-    slow narrow band does not count against the wider ones."""
-    xeon = [0.333, 0.346, 0.369, 0.442, 0.443, 0.433]
-    assert fit_streams({band: [t, t * 1.5, t * 0.9] for band, t in zip(BANDS, xeon)}) == 32
-    zen4 = [1.00, 1.38, 1.71, 1.78, 1.80, 1.81]
-    assert fit_streams({band: [t, t * 0.9, t * 1.3] for band, t in zip(BANDS, zen4)}) == 8
-    assert fit_streams({band: [1.0 + band / 1e4] for band in BANDS}) is None
-    assert fit_streams({8: [1.0], 16: [1.0 * BAND_STEP]}) == 8
-    assert fit_streams({8: [1.3], 16: [1.0], 32: [1.1], 64: [1.2]}) == 32
+def test_the_band_stall_is_each_bands_time_beyond_the_narrowest_never_falling():
+    """Band medians (bands of 8 to 256 rows), the AMD EPYC Zen 4's GEMV from memory (x the 8-row
+    band): each band's share over the narrowest, from its median of the rounds. A wider band
+    that noise timed faster than a narrower one keeps the narrower one's share, and one faster
+    than the narrowest band stalls for nothing."""
+    zen4 = [1.00, 1.27, 2.11, 2.11, 2.10, 2.14]
+    fitted = fit_band_stall({band: [t, t * 0.9, t * 1.3] for band, t in zip(BANDS, zen4)})
+    assert np.array(fitted) == pytest.approx(np.array([(8, 0), (16, 0.27), (32, 1.11), (64, 1.11), (128, 1.11),
+                                                       (256, 1.14)]))
+    assert np.array(fit_band_stall({8: [1.0], 16: [0.9], 32: [1.2]})) == pytest.approx(np.array([(8, 0), (16, 0),
+                                                                                                   (32, 0.2)]))
 
 
 def test_timings_that_noise_inverted_still_give_finite_figures():

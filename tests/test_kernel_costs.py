@@ -733,51 +733,57 @@ def test_blocks_moving_along_their_rows_extend_each_threads_runs():
     assert kernel_costs(DECODE, two, DECODE_ORDERS, tiles).runs == [("B", 2048.0, 256)]
 
 
-def test_a_band_wider_than_the_prefetcher_follows_breaks_each_row_into_visits():
-    """L1 blocks 32x256 of B moving along its rows on one core: with no prefetch_streams (not
-    calibrated) or 32 or more, each run grows to all of B as above; with 16, each visit of the
-    32 rows is a run of its own, 256 elements, and so is every visit of a band of 16 rows that
-    the next blocks continue no further. A band of 16 rows still continues its rows."""
+def test_a_band_of_rows_read_in_turn_stalls_its_stream_by_the_calibrated_share():
+    """L1 blocks 32x256 of B moving along its rows on one core: each run grows to all of B
+    whatever band_stall says, and the band adds its share of B's stream (2 MiB, filled from
+    memory): 32 rows the calibrated 0.5; 16 rows 0.1; 22 rows between them in the log of the
+    rows; none uncalibrated. A band whose rows the next blocks do not continue (k moving
+    first) pays run starts for each visit instead, and no stall."""
+    from cachetile.models.kernel_costs import band_stall
+
     one = _streaming_hardware(100.0).model_copy(update={"cores": 1})
-    along = [["k", "n", "m"]] * 3
-    wide = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 32}, {"m": 2, "n": 1024, "k": 32}]
-    narrow = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 16}, {"m": 2, "n": 1024, "k": 32}]
-    for streams in (None, 32, 64):
-        hw = one.model_copy(update={"prefetch_streams": streams})
-        assert kernel_costs(DECODE, hw, along, wide).runs == [("B", 1.0, 512 * 1024)]
-    tracked = one.model_copy(update={"prefetch_streams": 16})
-    assert kernel_costs(DECODE, tracked, along, wide).runs == [("B", 512 * 1024 / 256, 256)]
-    assert kernel_costs(DECODE, tracked, along, narrow).runs == [("B", 1.0, 512 * 1024)]
-    plain, broken = (kernel_costs(DECODE, hw, along, wide) for hw in (one, tracked))
-    assert broken.seconds - plain.seconds == pytest.approx(
-        (2048 - 1) * 100.0 / one.levels[-1].bandwidth_bytes_per_s, rel=1e-9)
+    stalled = one.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 0.1), (32.0, 0.5)]})
+    along, down = [["k", "n", "m"]] * 3, [["n", "k", "m"]] * 3
+    bands = {rows: [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": rows}, {"m": 2, "n": 1024, "k": 32}]
+             for rows in (16, 32)}
+    nbytes = 512 * 1024 * 4
+    for rows, share in [(32, 0.5), (16, 0.1)]:
+        plain, banded = (kernel_costs(DECODE, hw, along, bands[rows]) for hw in (one, stalled))
+        assert plain.runs == banded.runs == [("B", 1.0, 512 * 1024)]
+        assert (plain.bands, banded.bands) == ([], [("B", rows, pytest.approx(share))])
+        assert banded.seconds - plain.seconds == pytest.approx(nbytes * share / one.levels[-1].bandwidth_bytes_per_s)
+    assert band_stall(stalled, 22) == pytest.approx(0.1 + 0.4 * math.log(22 / 16) / math.log(2))
+    assert (band_stall(stalled, 4), band_stall(stalled, 64), band_stall(one, 64)) == (0.0, 0.5, 0.0)
+    panel = [{"m": 2, "n": 64, "k": 1}, {"m": 2, "n": 256, "k": 32}, {"m": 2, "n": 256, "k": 512}]
+    visits = kernel_costs(DECODE, stalled, down, panel)
+    assert visits.runs == [("B", 512 * 1024 / 256, 256)] and visits.bands == []
 
 
 def test_polish_narrows_a_band_the_prefetcher_cannot_follow():
     """A decode GEMM whose B (64 MiB, past the last cache) is read unpacked: on hardware whose
-    prefetcher follows 32 rows, the plan's L1 block of B takes at most 32 rows, its rows continue
-    across the blocks (runs at least 2048 wide), and it is predicted no slower than the plan
-    tuned without the limit, costed with it (64-row bands). The band is several moves away
-    from what the search finds (_band_moves): without them, a plan of 256-byte runs down
-    64-wide panels, predicted 1.8x slower."""
+    bands stall from 64 rows on (the prefetcher follows 32), the plan's L1 block of B takes at
+    most 32 rows, its rows continue across the blocks (runs at least 2048 wide), and it is
+    predicted no slower than the plan tuned without the stall, costed with it (64-row bands).
+    The band is several moves away from what the search finds (_band_moves): without them, a
+    plan of 256-byte runs down 64-wide panels, predicted 1.8x slower."""
     from cachetile.models.caches import effective_tiles
     from cachetile.models.kernel_costs import _parallel_positions, contiguous_run
 
     gemm = builtin("gemm", {"m": 8, "n": 4096, "k": 4096})
     hw = Hardware(name="cpu", peak_flops=5e11, cores=2, vector_bytes=64, run_start_bytes=400.0,
-                  short_run_start_bytes=200.0, prefetch_streams=32, levels=[
+                  short_run_start_bytes=200.0, band_stall=[(32.0, 0.0), (64.0, 1.0)], levels=[
                       Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=4e12),
                       Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=3.6e11, ways=12),
                       Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.8e10, ways=16),
                       Level(name="L3", capacity_bytes=8 << 20, bandwidth_bytes_per_s=3e10, ways=16)])
-    free = tune(gemm, hw.model_copy(update={"prefetch_streams": None}), time_limit=5).plan
+    free = tune(gemm, hw.model_copy(update={"band_stall": None}), time_limit=5).plan
     plan = tune(gemm, hw, time_limit=5).plan
     orders, tiles = [lv.order for lv in plan.levels], [dict(lv.tile) for lv in plan.levels]
     assert not any(c.tensor == "B" and not c.skipped_thrifty for c in plan.caches)  # read where it lies
     assert tiles[1]["k"] <= 32
     padded, eff = effective_tiles(gemm, tiles)
     split = _parallel_positions(gemm, orders, tiles, hw.cores).get("gemm", (None,))[0]
-    assert contiguous_run(gemm, orders, gemm.ops[0], "B", eff, padded, split, hw.cores, 32) >= 2048
+    assert contiguous_run(gemm, orders, gemm.ops[0], "B", eff, padded, split, hw.cores) >= 2048
     assert plan.predicted_seconds <= make_plan(gemm, hw, [lv.order for lv in free.levels],
                                                [lv.tile for lv in free.levels]).predicted_seconds * (1 + 1e-9)
 
