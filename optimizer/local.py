@@ -282,20 +282,35 @@ def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     now = tuple(tuple(t[x] for x in loops) for t in tiles)
     parent = tiles[3] if n > 3 else w.dims
     moved = []
-    for name in dict.fromkeys(r[0] for r in costs.runs):
+    for name, _, run in costs.runs:
         *lead, row = w.tensors[name].loops
-        if not lead or math.prod(tiles[1][x] for x in lead) <= streams or tiles[1][row] >= w.dims[row]:
+        if not lead or tiles[1][row] >= w.dims[row]:
             continue
+        if math.prod(tiles[1][x] for x in lead) <= streams and run > tiles[1][row]:
+            continue  # a band the prefetcher follows, its rows continued
         x, others = lead[-1], math.prod(tiles[1][y] for y in lead[:-1])
         c = space.candidates[x]
         c = c[(c * others <= streams) & space.legal(x, np.int64(tiles[0][x]), c, 0) & space.legal(x, c, tiles[2][x], 1)]
         for band in c[-BAND_SIZES:]:
             l1, l2 = {**tiles[1], x: int(band)}, {**tiles[2], x: int(band), row: parent[row]}
-            if space.usage(1, l1) > space.capacity(1):
-                continue
-            plans = [[tiles[0], l1, *tiles[2:]]]
-            if space.legal(x, np.int64(band), parent[x], 2) and space.usage(2, l2) <= space.capacity(2):
-                plans.append([tiles[0], l1, l2, *tiles[3:]])
+            plans = []
+            if space.usage(1, l1) <= space.capacity(1):
+                plans.append([tiles[0], l1, *tiles[2:]])
+                if space.legal(x, np.int64(band), parent[x], 2) and space.usage(2, l2) <= space.capacity(2):
+                    plans.append([tiles[0], l1, l2, *tiles[3:]])
+            # Or every level above L1 across the array's whole rows, all shrunk to fit (repair): a
+            # panel whose runs end at its own width has no parent wide enough to continue them (gemm
+            # 1x4096x4096: 1024-wide panels ran 1.4x the time of 8-row bands across 2048 columns).
+            # L2 a core's share of the rows, so that the parallel loop runs above the band's walk
+            # instead of entering a region at each band
+            share = {row: max(1, w.dims[row] // space.hardware.cores), x: int(band)}
+            above = [{**t, row: w.dims[row], **(share if j == 2 else {})} for j, t in enumerate(tiles[2:], 2)]
+            for j, t in enumerate(above, 2):
+                while space.usage(j, t) > space.capacity(j) and t[x] > band:
+                    t[x] = max(int(band), t[x] // 2 // int(band) * int(band))  # fewer rows, still whole bands
+            whole = repair(space, [tiles[0], l1, *above])
+            if whole is not None:
+                plans.append(whole)
             for new in plans:
                 plan = tuple(tuple(t[y] for y in loops) for t in new)
                 if plan != now:
