@@ -418,8 +418,7 @@ def stride_stall(hardware: Hardware, stride: float) -> float:
     points = hardware.stride_stall
     if not points:
         return 0.0
-    strides, shares = zip(*points)
-    return float(np.interp(math.log(stride), np.log(strides), shares))
+    return _log_interp(points, stride)
 
 
 def run_start(hardware: Hardware, run_bytes: float) -> float:
@@ -458,8 +457,14 @@ def run_start_reach(hardware: Hardware, nbytes: float) -> float:
     points = hardware.run_start_reach
     if not points:
         return 1.0 if nbytes > hardware.levels[-1].capacity_bytes else 0.0
-    sizes, shares = zip(*points)
-    return float(np.interp(math.log(nbytes), np.log(sizes), shares))
+    return _log_interp(points, nbytes)
+
+
+def _log_interp(points, x: float) -> float:
+    """The share at `x` of calibrated (x, share) points: linear in the log of x between them,
+    the nearer point's outside them."""
+    xs, shares = zip(*points)
+    return float(np.interp(math.log(x), np.log(xs), shares))
 
 
 def band_stall(hardware: Hardware, rows: int) -> float:
@@ -479,8 +484,7 @@ def band_stall(hardware: Hardware, rows: int) -> float:
     points = hardware.band_stall
     if not points or rows <= 1:
         return 0.0
-    bands, shares = zip(*points)
-    return float(np.interp(math.log(rows), np.log(bands), shares))
+    return _log_interp(points, rows)
 
 
 def followed_rows(hardware: Hardware) -> int | None:

@@ -282,7 +282,10 @@ def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     now = tuple(tuple(t[x] for x in loops) for t in tiles)
     parent = tiles[3] if n > 3 else w.dims
     moved = []
+    runs = {}  # per unpacked input (an input of several ops appears once per op), its first op's runs
     for name, _, run in costs.runs:
+        runs.setdefault(name, run)
+    for name, run in runs.items():
         *lead, row = w.tensors[name].loops
         if not lead or tiles[1][row] >= w.dims[row]:
             continue
@@ -291,23 +294,24 @@ def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
         x, others = lead[-1], math.prod(tiles[1][y] for y in lead[:-1])
         c = space.candidates[x]
         c = c[(c * others <= streams) & space.legal(x, np.int64(tiles[0][x]), c, 0) & space.legal(x, c, tiles[2][x], 1)]
-        for band in c[-BAND_SIZES:]:
-            l1, l2 = {**tiles[1], x: int(band)}, {**tiles[2], x: int(band), row: parent[row]}
+        for band in map(int, c[-BAND_SIZES:]):
+            l1, l2 = {**tiles[1], x: band}, {**tiles[2], x: band, row: parent[row]}
             plans = []
             if space.usage(1, l1) <= space.capacity(1):
                 plans.append([tiles[0], l1, *tiles[2:]])
                 if space.legal(x, np.int64(band), parent[x], 2) and space.usage(2, l2) <= space.capacity(2):
                     plans.append([tiles[0], l1, l2, *tiles[3:]])
-            # Or every level above L1 across the array's whole rows, all shrunk to fit (repair): a
-            # panel whose runs end at its own width has no parent wide enough to continue them (gemm
-            # 1x4096x4096: 1024-wide panels ran 1.4x the time of 8-row bands across 2048 columns).
-            # L2 a core's share of the rows, so that the parallel loop runs above the band's walk
-            # instead of entering a region at each band
-            share = {row: max(1, w.dims[row] // space.hardware.cores), x: int(band)}
+            # Or every level above L1 across the array's whole rows (L2 a core's share of them, so
+            # that the parallel loop runs above the band's walk instead of entering a region at
+            # each band), shrunk to fit: a panel whose runs end at its own width has no parent wide
+            # enough to continue them (gemm 1x4096x4096: 1024-wide panels ran 1.4x the time of
+            # 8-row bands across 2048 columns). Fewer rows first, in whole bands; repair then
+            # narrows what still does not fit, L1 included.
+            share = {row: max(1, w.dims[row] // space.hardware.cores), x: band}
             above = [{**t, row: w.dims[row], **(share if j == 2 else {})} for j, t in enumerate(tiles[2:], 2)]
             for j, t in enumerate(above, 2):
                 while space.usage(j, t) > space.capacity(j) and t[x] > band:
-                    t[x] = max(int(band), t[x] // 2 // int(band) * int(band))  # fewer rows, still whole bands
+                    t[x] = max(band, t[x] // 2 // band * band)
             whole = repair(space, [tiles[0], l1, *above])
             if whole is not None:
                 plans.append(whole)
