@@ -260,7 +260,12 @@ class _Search:
                 key = (float(bound.flat[flat]) + serial, float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
-        for flat in keep[: self.beam]:
+        for n, flat in enumerate(keep):
+            # A beam past its width only until the search holds a plan: the target may admit
+            # none of the register tiles under the first child (SimdCpu.admits counts what LLVM
+            # hoists around the tile, which depends on the levels above).
+            if self.beam is not None and n >= self.beam and self.best.items:
+                break
             if self.deadline.expired():
                 raise _Timeout
             if self.greedy and self.best.items:

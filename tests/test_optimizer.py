@@ -287,3 +287,34 @@ def test_score_skips_the_serial_costs_of_plans_over_its_bound_and_single_plans_r
     for level_orders in [orders, [("n", "m", "k"), *orders[1:]], [*orders[:3], ("k", "n", "m")], orders]:
         expected = data_volume(w, level_orders, one, hardware=space.hardware)
         assert space.data_volume(level_orders, one) == [float(d) for d in expected]
+
+
+# The `host` preset without a calibration profile on the AMD EPYC Zen 4 of BENCHMARKS.md: the
+# per-cycle figures models/hardware.py assumes from a 2.6 GHz clock and sysfs's caches.
+ZEN4_ASSUMED = {"name": "host", "kind": "cpu", "cores": 2, "vector_bytes": 64, "peak_flops": 166152192000.0,
+                "run_start_bytes": 128.0, "levels": [
+                    {"name": "registers", "capacity_bytes": 2048, "bandwidth_bytes_per_s": 664608768000.0},
+                    {"name": "L1", "capacity_bytes": 32768, "bandwidth_bytes_per_s": 332304384000.0, "ways": 8},
+                    {"name": "L2", "capacity_bytes": 1048576, "bandwidth_bytes_per_s": 166152192000.0, "ways": 8},
+                    {"name": "L3", "capacity_bytes": 33554432, "bandwidth_bytes_per_s": 41538048000.0, "ways": 16}]}
+
+
+def test_the_seeded_dive_goes_on_past_children_whose_register_tiles_are_all_refused():
+    """Under the first child of every level, gemm 512x2304x768 on these figures leaves no register
+    tile the target admits (what LLVM hoists around it spills), so the greedy dive used to end
+    without a plan, the wider passes ran out of their work cap, and `auto` fell back to the
+    whole enumeration and the NLP for the full 10 s (bench/shapes.py without a profile). The
+    dive now visits further children until it holds a plan: one the target admits, found
+    within the work cap."""
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer import budget
+    from cachetile.optimizer.enumeration import seeded
+
+    hw = hardware_from(ZEN4_ASSUMED)
+    w = builtin("gemm", {"m": 512, "n": 2304, "k": 768})
+    space = Space(w, hw)
+    found = seeded(space, Deadline(60), 1, cap=Deadline(60, budget.SEED_WORK))
+    assert len(found.plans) == 1
+    plan = found.plans[0]
+    tiles = plan.tile_dicts(space.loops)
+    assert hw.target.admits(w, tiles, 1, plan.orders)
