@@ -23,8 +23,8 @@ from tvm import s_tir, tirx
 
 from ..models.caches import (
     LINE_BYTES, CacheSite, Layout, cache_records, copied_out, crops, double_buffer_reason, effective_tiles,
-    input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, root_padded,
-    row_aliases, threads_apart, trips, walk,
+    input_caches, micro_order, outer_shared, output_plan, output_tile, parallel_positions, row_aliases,
+    threads_apart, trips, walk,
 )
 from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
@@ -33,7 +33,7 @@ from ..models.plan import Plan
 from ..models.targets.simd_cpu import MAX_BAND, SHORT_REDUCTION, UNROLL_LIMIT, banded, windowed_loops
 from ..models.workload import Workload
 from .base import Emitted
-from .tensorir import block_name, inline_padding, pad_name, primfunc, read_index, source_name
+from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
 
 # TVM 0.27 legalises bfloat16 buffers to uint16 storage but not explicit bfloat16 vectors (a
 # BufferStore dtype mismatch), so these dtypes leave their vector loops to LLVM's auto-vectoriser.
@@ -91,10 +91,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
                     parallel.get(op.name))
     _double_buffer(sch, pipelined)
-    whole = root_padded(workload, padded)
-    for name in whole:
-        _pad_pass(sch, pad_name(name), lanes, copy_cores)
-    inline_padding(sch, workload, padded, keep=whole)
+    inline_padding(sch, workload, padded)
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
     return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests))
 
@@ -439,20 +436,6 @@ def _zero_tile(sch, block, workload, op, nests, key, lanes) -> None:
         except s_tir.ScheduleError:
             return  # a cache attached between the loops: the init stays in the block
     _vectorize(sch, sch.get_loops(zero)[-1], lanes, TILE_ROW_VECTORS)
-
-
-def _pad_pass(sch, block_name: str, lanes: int | None, cores: int) -> None:
-    """An input's zero-padding copy as a pass of its own (caches.root_padded): its outer loops
-    fused and split over the cores, its innermost dim in vectors where whole vectors cover it."""
-    block = sch.get_sblock(block_name)
-    *outer, inner = sch.get_loops(block)
-    if outer:
-        fused = sch.fuse(*outer)
-        if cores > 1:
-            sch.parallel(fused)
-    extent = int(sch.get(inner).extent)
-    if lanes and extent % lanes == 0:
-        sch.vectorize(sch.split(inner, factors=[None, lanes])[1])
 
 
 def _double_buffer(sch, copies) -> None:

@@ -14,7 +14,7 @@ from typing import Mapping
 
 from tvm import te, tirx
 
-from ..models.caches import crops, zero_padded as is_padded
+from ..models.caches import crops
 from ..models.workload import Workload
 
 
@@ -27,6 +27,15 @@ def block_name(workload: Workload, op, padded: Mapping[str, int]) -> str:
 
 def pad_name(tensor: str) -> str:
     return f"{tensor}_pad"
+
+
+def is_padded(workload: Workload, name: str, padded: Mapping[str, int]) -> bool:
+    """Whether ops read the input through a zero-padded copy: a loop indexing it is padded, or
+    (affine indices) the stored array does not span exactly the indices read."""
+    t = workload.tensors[name]
+    if any(padded[x] != workload.dims[x] for x in t.loops):
+        return True
+    return not t.plain and (any(ix.offset for ix in t.index) or workload.shape(name) != workload.extents(name))
 
 
 def padded_shape(workload: Workload, name: str, padded: Mapping[str, int]) -> list[int]:
@@ -44,11 +53,10 @@ def read_index(sch, block, buffer_name: str) -> int:
     return [r.source.name for r in sch.get(block).reads].index(buffer_name)
 
 
-def inline_padding(sch, workload: Workload, padded: Mapping[str, int], keep=()) -> None:
-    """Fold each input's zero-padding copy into the first cache that reads it, but for the
-    inputs named in `keep`, whose copy stays a pass of its own."""
+def inline_padding(sch, workload: Workload, padded: Mapping[str, int]) -> None:
+    """Fold each input's zero-padding copy into the first cache that reads it."""
     for name, t in workload.tensors.items():
-        if t.role == "input" and name not in keep and is_padded(workload, name, padded):
+        if t.role == "input" and is_padded(workload, name, padded):
             block = sch.get_sblock(pad_name(name))
             if sch.get_consumers(block):
                 sch.compute_inline(block)

@@ -178,26 +178,6 @@ LINE_BYTES = 64  # a cache line on current x86 and Arm cores
 ROW_ALIAS_BYTES = 512
 
 
-def zero_padded(workload: Workload, name: str, padded) -> bool:
-    """Whether ops read input `name` through a zero-padded copy: a loop indexing it is padded, or
-    (affine indices) the stored array does not span exactly the indices read."""
-    t = workload.tensors[name]
-    if any(padded[x] != workload.dims[x] for x in t.loops):
-        return True
-    return not t.plain and (any(ix.offset for ix in t.index) or workload.shape(name) != workload.extents(name))
-
-
-def root_padded(workload: Workload, padded) -> list[str]:
-    """The inputs a SIMD CPU kernel pads whole in a pass of its own before its loops: zero-padded
-    windows (a convolution's image). Folded into the window copies instead, the padding made
-    each copied float check its bounds (five compares per float in ResNet's 3x3 -> 1x1 pair),
-    which ran its plans with narrow windows at 1.3-2.3x their time padded first (11.2 against
-    4.8 ms, predicted 4.6; BENCHMARKS.md, "Root-pad session"). A plain input's padding stays in
-    its packed copies, as BLAS pads its packed panels."""
-    return [name for name, t in workload.tensors.items()
-            if t.role == "input" and not t.plain and zero_padded(workload, name, padded)]
-
-
 def row_aliases(row_bytes: int) -> bool:
     """Whether rows this many bytes long, one after another, crowd a few sets of every cache."""
     return row_bytes % ROW_ALIAS_BYTES == 0

@@ -2,8 +2,6 @@
 
 The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
 
-- a zero-padded window input (a convolution's image) padded whole before the
-  loops, over the cores (models/caches.root_padded);
 - packing copies: each input is copied into its packed buffer at the key-slice
   models/caches.py gives it, once per iteration of the loops around it (the
   fills), reading the source array where it lives and writing the buffer;
@@ -57,7 +55,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared,
-                     output_plan, read_once, root_padded, trips, walk)
+                     output_plan, read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .crowding import set_share
 from .hardware import Hardware
@@ -167,19 +165,6 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
                 costs.handoffs.append((site.tensor, foreign))
                 costs.handoff_seconds += foreign * hardware.handoff_seconds
                 costs.copy_seconds += foreign * hardware.handoff_seconds
-    pads = root_padded(workload, padded)
-    for name in pads:  # padded whole before the loops, over the cores (backends/llvm_emit._pad_pass)
-        top, elements = len(tiles) - 1, _prod(ix.extent(padded) for ix in workload.index(name))
-        nbytes = elements * elem
-        costs.copy_bytes[top] += nbytes
-        costs.copies.append((name, top, nbytes, nbytes, None))
-        costs.copy_seconds += stream(nbytes, workload.size(name) * elem, root_shared) + stream(nbytes, nbytes, root_shared)
-        lanes = hardware.target.vector_lanes(workload)
-        ops = (elements / lanes, 0.0) if workload.index(name)[-1].extent(padded) % lanes == 0 else (0.0, elements)
-        costs.copy_ops.append((name, *ops))
-        issued = (ops[0] * hardware.copy_vector_seconds + ops[1] * hardware.copy_element_seconds) / root_shared
-        costs.issue_seconds += issued
-        costs.copy_seconds += issued
     copied = {site.tensor for site in copies}
     # Accumulators stored and reloaded between k steps cost the register link only (the
     # accumulator bandwidth): gemm 8x4096x1024 reading B unpacked, 8x32 tiles reloaded every 2,
@@ -208,7 +193,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     for name, stride, nbytes, share in strided:
         costs.strides.append((name, stride, nbytes, share))
         costs.copy_seconds += stream(nbytes * share * weight, None, level=1)
-    root_passes = sum(site.key is None for site in copies) + len(pads)  # each parallel itself
+    root_passes = sum(site.key is None for site in copies)  # each parallel itself
     for op in workload.ops:
         plan = output_plan(workload, orders, op, eff, padded)
         if not plan or workload.tensors[op.output].role != "output":

@@ -8,7 +8,6 @@ import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 import pytest
 import tvm
-from tvm import tirx
 
 from cachetile import builtin, make_plan, preset, tune, workload_from_equations
 from cachetile.api.report import format_measurement
@@ -636,37 +635,6 @@ def _check_on_two_threads(w, emitted, hw, runs: int = 4):
     lib = tvm.compile(emitted.schedule.mod, target=tvm.target.Target(llvm_target(hw.cores)))
     for seed in range(runs):  # a race on shared buffers shows in some runs, not all
         check(w, lib, seed)
-
-
-def test_a_padded_window_is_padded_whole_before_the_loops_and_its_copies_check_no_bounds():
-    """A convolution's zero-padded image is made whole by a pass of its own at the root, its
-    outer loops over the cores and its channels in vectors (caches.root_padded); the window
-    copies inside the loops then read it without a bound check. A GEMM's non-divisible A stays
-    padded inside its packed copy (no pass of its own). Both match numpy."""
-    conv = builtin("conv2d", {"n": 1, "c": 32, "h": 10, "w": 12, "k": 32, "r": 3, "s": 3},
-                   params={"pad": 1, "pointwise": 16, "layout": "nhwc"})
-    reg = {"n": 1, "oh": 5, "ow": 1, "k": 16, "kh": 1, "kw": 1, "c": 1, "f": 16}  # one-float window pieces
-    tiles = [reg, {**reg, "c": 4}, {**reg, "oh": 10, "ow": 12, "k": 32, "kh": 3, "kw": 3, "c": 32},
-             {**reg, "oh": 10, "ow": 12, "k": 32, "kh": 3, "kw": 3, "c": 32}]
-    plan = make_plan(conv, TWO_CORES, [["n", "oh", "ow", "k", "kh", "kw", "c", "f"]] * 4, tiles)
-    emitted = emit(conv, TWO_CORES, plan)
-    body = emitted.schedule.mod["main"].body
-    blocks = list(block_loops(body, realizes=True))
-    (_, loops, _), = [b for b in blocks if b[0] == "I_pad"]
-    assert [lp.kind for lp in loops] == [tirx.ForKind.PARALLEL, tirx.ForKind.SERIAL, tirx.ForKind.VECTORIZED]
-    assert int(loops[-1].extent) == HOST.vector_bytes // 4
-    names = [name for name, _ in block_loops(body)]  # its three loops its own: at the root, before its readers
-    assert names.index("I_pad") < min(i for i, name in enumerate(names) if name.startswith("I_pad_"))
-    windows = [realize for name, _, realize in blocks if name.startswith("I_pad_")]
-    assert windows and not any("if_then_else" in str(r.block.body) for r in windows)
-    _check_on_two_threads(conv, emitted, TWO_CORES, runs=1)
-
-    gemm = builtin("gemm", {"m": 37, "n": 41, "k": 29})
-    plan = tune(gemm, TWO_CORES, time_limit=3, top=0).plan
-    emitted = emit(gemm, TWO_CORES, plan)
-    names = [name for name, _ in block_loops(emitted.schedule.mod["main"].body)]
-    assert not any(name.endswith("_pad") for name in names), names
-    _check_on_two_threads(gemm, emitted, TWO_CORES, runs=1)
 
 
 def test_double_buffering_never_pipelines_a_parallel_loop():

@@ -1119,31 +1119,3 @@ def test_a_copy_whose_narrow_pieces_crowd_one_l1_set_fetches_a_line_per_piece(si
     assert bool(again) == (size == 1024 and k == 19)
     kc = kernel_costs(w, hw, orders, tiles)
     assert [t for t, _ in kc.thrashed] == (["A"] if again else [])
-
-
-def test_a_padded_window_costs_a_pass_of_its_own_over_the_cores(monkeypatch):
-    """A convolution's zero-padded image (12x14x32 floats padded, from 10x12x32) is padded whole
-    before the loops (caches.root_padded, backends/llvm_emit._pad_pass): a root copy of those
-    bytes, 32 channels a row in vectors of 16, split over the two cores, in a parallel region of
-    its own, as many as the emitted kernel enters."""
-    import cachetile.models.kernel_costs as kc
-    from cachetile.backends.llvm_emit import emit
-
-    conv = builtin("conv2d", {"n": 1, "c": 32, "h": 10, "w": 12, "k": 32, "r": 3, "s": 3},
-                   params={"pad": 1, "pointwise": 16, "layout": "nhwc"})
-    hw = _streaming_hardware(0.0).model_copy(update={"copy_vector_seconds": 1e-9, "copy_element_seconds": 3e-10,
-                                                     "parallel_region_seconds": 1e-6})
-    reg = {"n": 1, "oh": 5, "ow": 1, "k": 16, "kh": 1, "kw": 1, "c": 1, "f": 16}
-    tiles = [reg, {**reg, "c": 4}, {**reg, "oh": 10, "ow": 12, "k": 32, "kh": 3, "kw": 3, "c": 32}]
-    orders = [["n", "oh", "ow", "k", "kh", "kw", "c", "f"]] * 3
-    padded = kernel_costs(conv, hw, orders, tiles)
-    elements = 12 * 14 * 32
-    assert ("I", 2, elements * 4.0, elements * 4.0, None) in padded.copies
-    assert ("I", elements / 16, 0.0) in padded.copy_ops
-    plan = make_plan(conv, hw, orders, tiles)
-    assert padded.regions == parallel_entries(emit(conv, hw, plan).schedule.mod["main"].body)
-    monkeypatch.setattr(kc, "root_padded", lambda workload, padded: [])
-    folded = kernel_costs(conv, hw, orders, tiles)
-    assert padded.regions == folded.regions + 1
-    assert padded.issue_seconds - folded.issue_seconds == pytest.approx(elements / 16 * 1e-9 / 2)
-    assert padded.copy_bytes[2] - folded.copy_bytes[2] == elements * 4
