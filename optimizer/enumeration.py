@@ -261,10 +261,11 @@ class _Search:
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
         for n, flat in enumerate(keep):
-            # A beam past its width only until the search holds a plan: the target may admit
-            # none of the register tiles under the first child (SimdCpu.admits counts what LLVM
-            # hoists around the tile, which depends on the levels above).
-            if self.beam is not None and n >= self.beam and self.best.items:
+            # Past the beam's width only at level 1 and only until the search holds a plan: the
+            # target may admit none of the register tiles under an L1 tile (SimdCpu.admits counts
+            # what LLVM hoists around the tile, which depends on the levels above). Level 1 alone
+            # keeps that walk as long as the level's children, not their product over the levels.
+            if self.beam is not None and n >= self.beam and (self.best.items or level != 1):
                 break
             if self.deadline.expired():
                 raise _Timeout
