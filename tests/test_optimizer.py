@@ -300,11 +300,11 @@ ZEN4_ASSUMED = {"name": "host", "kind": "cpu", "cores": 2, "vector_bytes": 64, "
 
 
 def test_the_seeded_dive_goes_on_past_children_whose_register_tiles_are_all_refused():
-    """Under the first child of every level, gemm 512x2304x768 on these figures leaves no register
+    """Under the dive's first L1 tile, gemm 512x2304x768 on these figures leaves no register
     tile the target admits (what LLVM hoists around it spills), so the greedy dive used to end
     without a plan, the wider passes ran out of their work cap, and `auto` fell back to the
     whole enumeration and the NLP for the full 10 s (bench/shapes.py without a profile). The
-    dive now visits further children until it holds a plan: one the target admits, found
+    dive now visits further L1 tiles until it holds a plan: one the target admits, found
     within the work cap."""
     from cachetile.models.hardware import hardware_from
     from cachetile.optimizer import budget
