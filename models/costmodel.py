@@ -201,7 +201,8 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
-                hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None) -> list[np.ndarray]:
+                hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None,
+                weighted: bool = True) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -212,13 +213,14 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     shared memory and their accumulators persist through the block's walk, so
     outputs move as the block walk moves them). `blocks`: what loop_classes returned for
     these tiles and levels, when the caller costs several orders of the same tiles. `only`:
-    count just these tensors.
+    count just these tensors. `weighted=False`: the registers' plain bytes, without those load
+    costs (what a plan reports as the level's DV).
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
     target = target_for(hardware)
     weights = None
-    if offset == 0 and 0 in levels:
+    if offset == 0 and 0 in levels and weighted:
         weights = target.register_weights(workload)
     local = target.local_level(len(orders) + offset) - offset
     dv = []

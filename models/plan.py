@@ -25,7 +25,7 @@ class LevelPlan(BaseModel):
     name: str
     order: list[str] = Field(description="loops, outermost first")
     tile: dict[str, int] = Field(description="extent of each loop's block resident at this level")
-    dv_bytes: float = Field(description="bytes moved into this level")
+    dv_bytes: float = Field(description="bytes moved into this level (Accera's refills of its tile)")
     mu_bytes: float = Field(description="bytes this level holds")
     copy_bytes: float = Field(0.0, description="bytes the kernel's packing copies write into buffers filled at "
                                                "this level (beside dv_bytes, which keeps Accera's refill count)")
@@ -82,6 +82,10 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     links = objective.links(charged)
     predicted, worst = objective.value(compute, links, serial)
     expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, costs)
+    # The registers' link is charged in load slots (a broadcast costs a vector load, a reloaded
+    # accumulator its store and load at the accumulators' bandwidth); reported, their DV is
+    # bytes, Accera's refills of the register tile, as every other level's.
+    dv[0] = float(data_volume(workload, orders, tiles, levels=[0], hardware=hardware, weighted=False)[0])
     predicted, bottleneck = float(predicted), ("compute" if int(worst) < 0 else hardware.levels[int(worst)].name)
     levels = [
         LevelPlan(

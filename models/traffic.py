@@ -68,11 +68,13 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
     none: `charged` as it is). The search sweeps one loop (objective.INNER_STEPS) to plan fast;
     for one plan, every one costs little: chain 128 in 2x128x32x32 L1 tiles keeps B and D whole
     in a 48 KiB L1 (valgrind: 0.45 MiB missed; 2.34 expected with one loop swept, 0.38 with
-    all)."""
+    all). The registers' bytes are plain bytes, not the load slots their link is charged
+    (costmodel.register_weights)."""
     if costs is None:
-        return list(charged)
+        return [float(data_volume(workload, orders, tiles, levels=[0], hardware=hardware, weighted=False)[0]),
+                *charged[1:]]
     workload, tiles = padded_problem(workload, tiles)
-    dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
+    dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware, weighted=False)]
     mu = [float(level_usage(workload, hardware, i, t)) for i, t in enumerate(tiles)]
     target = hardware.target
     kept = [target.kept_bytes(j) for j in range(len(tiles))]

@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from simulator import simulate_dv
 from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
 
 from cachetile import builtin, make_plan, preset, tune
@@ -850,9 +851,9 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     424 MiB, more than the predicted time at its bandwidth, but L2 keeps B's 192 KiB panel
     across the strips (its tile swept along k), so the report's time share stays at most 100%."""
     from cachetile.api.report import format_table
-    from cachetile.models.costmodel import compute_seconds, predicted_seconds
+    from cachetile.models.costmodel import compute_seconds, data_volume, predicted_seconds
     from cachetile.models.plan import SolverInfo, TuneResult
-    from cachetile.models.traffic import expected_traffic
+    from cachetile.models.traffic import expected_traffic, padded_problem
 
     # 2 MiB: the L2 sweep's B panel (768 rows 3 KiB apart) uses a quarter of its sets (crowding)
     levels = [lv.model_copy(update={"bandwidth_bytes_per_s": 1e11, "capacity_bytes": 1 << 21}) if lv.name == "L2"
@@ -863,8 +864,13 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     tiles = [{"m": 6, "n": 64, "k": 1}] * 3 + [dict(w.dims)]
     plan = make_plan(w, hw, orders, tiles)
     assert [lp.expected_bytes for lp in plan.levels] == expected_traffic(w, hw, orders, tiles)
-    charged = charged_dv(w, hw, [lp.dv_bytes for lp in plan.levels], [lp.mu_bytes for lp in plan.levels],
-                         orders, tiles)
+    # Every level's DV in bytes, the registers' too (their link is charged in load slots)
+    assert [lp.dv_bytes for lp in plan.levels] == [simulate_dv(w, orders, tiles, j) for j in range(4)]
+    padded, inside = padded_problem(w, tiles)  # 1026 rows of 6-row tiles
+    assert plan.levels[0].expected_bytes == simulate_dv(padded, orders, inside, 0) > plan.levels[0].dv_bytes
+    loads = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
+    assert loads[0] > 2 * plan.levels[0].dv_bytes and loads[1:] == [lp.dv_bytes for lp in plan.levels[1:]]
+    charged = charged_dv(w, hw, loads, [lp.mu_bytes for lp in plan.levels], orders, tiles)
     links = [float(c) / lv.bandwidth_bytes_per_s for c, lv in zip(charged, hw.levels)]
     assert [lp.link_seconds for lp in plan.levels] == pytest.approx(links)
     target = hw.target
