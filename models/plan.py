@@ -67,10 +67,13 @@ class TuneResult(BaseModel):
 
 def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Tiles, stages: int = 1) -> Plan:
     """Validate and cost one plan (orders and tiles innermost level first); `stages` is the
-    number of buffers of each shared-memory input cache on GPUs."""
+    number of buffers of each shared-memory input cache on GPUs. The plan comes back as its
+    kernel runs it: on SIMD CPUs a register tile LLVM merges with the short loop around it is
+    reported as the merged tile (Target.emitted_tiles)."""
     check_workload(workload)
     check_hardware(hardware)
     check_plan(workload, orders, tiles, len(hardware.levels))
+    tiles = hardware.target.emitted_tiles(workload, orders, tiles)  # the plan as its kernel runs it
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
     objective = time_objective(hardware)
     compute = float(compute_seconds(workload, hardware, orders, tiles, stages))

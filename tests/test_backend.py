@@ -148,10 +148,15 @@ def test_thrifty_skips_a_block_already_contiguous_in_the_same_order():
     check(w, built.lib)
 
 
-def test_packed_rows_stay_a_cache_line_long():
+def test_packed_rows_stay_a_cache_line_long(monkeypatch):
     # A's L1 blocks are 8x1 columns: tiled as they are, A's packed layout would be k-major and
     # its copy would read one element per row of A at each step (gathers). The layout widens its
-    # k tiles to 16 elements (a line), so the copy reads and writes rows of 16, as vectors.
+    # k tiles to 16 elements (a line), so the copy reads and writes rows of 16, as vectors. (The
+    # plan as written: its two 8x16 register tiles per L1 tile are what LLVM would merge.)
+    from cachetile.models.targets.base import Target
+    from cachetile.models.targets.simd_cpu import SimdCpu
+
+    monkeypatch.setattr(SimdCpu, "emitted_tiles", Target.emitted_tiles)
     hw = _three_levels()
     w = builtin("gemm", {"m": 64, "n": 32, "k": 96})
     tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 32, "k": 1}, {"m": 64, "n": 32, "k": 96}]
@@ -745,3 +750,42 @@ def test_machine_code_for_several_kernels_at_once_runs_right_and_counts_its_time
     broken.lib = type("NoCode", (), {"mod": {}})()  # a module without "main": its lookup fails
     [error] = generate_code([broken])
     assert isinstance(error, KeyError)
+
+
+def test_llvm_runs_a_register_tile_and_the_short_loop_around_it_as_one_tile(monkeypatch):
+    """models/targets/simd_cpu.SimdCpu.emitted_tiles: gemm 127x251x509's 4x32 tile of 2 k steps,
+    two to an 8x32 L1 tile inside a 3-trip k loop, built as written: LLVM unrolls the 2-trip m
+    loop and keeps both tiles' 16 accumulators in registers across the k loop, so the FMA loop
+    holds 32 FMAs and stores nothing; three to a 12x32 L1 tile (48 FMAs) it keeps apart, storing
+    the accumulators after each pass. make_plan costs and reports the first as the 8x32 tile it
+    runs as, the second as written."""
+    if HOST.vector_bytes != 64 or len(HOST.levels) != 4:
+        pytest.skip("the register counts are AVX-512's, the tiles a 4-level host's")
+    from cachetile.models.targets.base import Target
+    from cachetile.models.targets.simd_cpu import SimdCpu
+
+    w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
+    orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")]
+    store = re.compile(r"vmov[au]ps\s+%zmm\d+, ")
+    reg = {"m": 4, "n": 32, "k": 2}
+    for copies, merged in ((2, True), (3, False)):
+        l1 = {"m": 4 * copies, "n": 32, "k": 2}
+        tiles = [reg, l1, {**l1, "k": 6}, {"m": 16 * copies, "n": 128, "k": 102}]
+        plan = make_plan(w, HOST, orders, tiles)
+        assert plan.levels[0].tile == (l1 if merged else reg)
+        if merged:
+            explicit = make_plan(w, HOST, orders, [l1, *tiles[1:]])
+            assert plan.predicted_seconds == explicit.predicted_seconds
+        with monkeypatch.context() as m:
+            m.setattr(SimdCpu, "emitted_tiles", Target.emitted_tiles)
+            written = make_plan(w, HOST, orders, tiles)
+            assert written.levels[0].tile == reg
+            built = build(w, HOST, written)
+        check(w, built.lib)
+        blocks = fma_blocks(built.lib.mod.inspect_source("asm"))
+        fmas = max(len(FMA.findall(b)) for b in blocks)
+        stores = sum(len(store.findall(b)) for b in blocks)
+        if merged:
+            assert fmas == 2 * 16 and stores == 0
+        else:
+            assert fmas == 16 and stores == 8

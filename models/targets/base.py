@@ -55,6 +55,11 @@ class Target:
         """The level whose walk moves outputs into `level` (None: `level` itself)."""
         return None
 
+    def emitted_tiles(self, workload: Workload, orders, tiles: Sequence[Mapping]) -> list[dict]:
+        """One plan's tiles (scalars, innermost level first) as its compiled kernel runs them: the
+        plan's own, unless the compiler reshapes them (SimdCpu)."""
+        return [dict(t) for t in tiles]
+
     def level_usage(self, workload: Workload, level: int, tile: Mapping, stages: int = 1) -> np.ndarray:
         """MU of `level` in bytes for (arrays of) tiles."""
         from ..costmodel import memory_usage

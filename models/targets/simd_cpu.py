@@ -48,6 +48,17 @@ MIN_ROWS = 2
 SHORT_REDUCTION = 4
 MAX_BAND = 16
 UNROLL_LIMIT = 64  # register-tile points unrolled beyond the vector loop
+# A spatial loop of a few trips right around the register tile's unrolled body, LLVM unrolls whole
+# when the copies hold at most MERGE_FMAS FMAs, and it keeps their accumulators in registers across
+# the reduction loops outside when they are at most MERGE_ACCUMULATORS vectors: the kernel runs the
+# wider tile (SimdCpu.emitted_tiles). Counted in the FMA loops' assembly of gemm 127x251x509 plans
+# (BENCHMARKS.md, "Resident session"): 4x32 tiles (8 accumulators) of 2 k steps in 2 trips, 8x16
+# ones in 2 trips along m or n, and 4x32 or 8x16 tiles of 1 step in 3 trips ran as one tile with no
+# store of C in the loop; 3 trips of 2 steps (48 FMAs) and 2 of 4 steps (64) stayed separate tiles
+# storing C; 4 and 5 trips of one step (32 and 40 FMAs) were unrolled but spilled 6 and 13 stores
+# of their 32 and 40 accumulators.
+MERGE_FMAS = 40
+MERGE_ACCUMULATORS = 24
 
 
 # Besides the block a level keeps for reuse, the kernel streams lines of the other arrays through
@@ -183,6 +194,28 @@ class SimdCpu(Target):
         for x in dims[:-1]:
             vectors = vectors * np.asarray(tile[x], dtype=np.float64)
         return vectors
+
+    def emitted_tiles(self, workload, orders, tiles):
+        """The plan's tiles with its register tile widened to its L1 tile where LLVM merges them
+        (MERGE_FMAS, MERGE_ACCUMULATORS): a one-op kernel without a window whose L1 tile is the
+        register tile repeated along one spatial dim, a few times. Costed as written, such a plan
+        reloads its accumulators at every pass of the reduction loop around the L1 tile, which
+        the kernel does not: gemm 127x251x509 in 4x32x2 tiles, two to an 8x32x2 L1 tile, ran in
+        0.20 ms, predicted 0.28 (the 60 plans of its fidelity dump ranked 0.67; as merged, 0.87)."""
+        tiles = [dict(t) for t in tiles]
+        if len(tiles) < 2 or len(workload.ops) != 1 or windowed_loops(workload, workload.ops[0]):
+            return tiles
+        op = workload.ops[0]
+        inner, l1 = tiles[0], tiles[1]
+        wider = [x for x in workload.dims if l1[x] != inner[x]]
+        if len(wider) != 1 or wider[0] not in workload.tensors[op.output].dims or l1[wider[0]] % inner[wider[0]]:
+            return tiles
+        copies = l1[wider[0]] // inner[wider[0]]
+        accumulators = float(self.accumulators(workload, op, inner))
+        steps = math.prod(inner[x] for x in op.loops if x not in workload.tensors[op.output].dims)
+        if copies * accumulators * steps <= MERGE_FMAS and copies * accumulators <= MERGE_ACCUMULATORS:
+            tiles[0] = dict(l1)
+        return tiles
 
     def admits(self, workload, tiles, stages, orders=None):
         """Register tiles of at least FMA_CHAINS accumulator vectors per op (or all of its output,
