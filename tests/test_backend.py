@@ -20,7 +20,8 @@ from cachetile.models.errors import KernelMismatch
 from cachetile.models.measurement import random_inputs
 from cachetile.models.measurement import reference as numpy_reference
 from cachetile.models.hardware import Hardware, Level
-from cachetile.models.targets.simd_cpu import hoisted_vectors
+from cachetile.models.targets.base import Target
+from cachetile.models.targets.simd_cpu import SimdCpu, hoisted_vectors
 from cachetile.optimizer.registry import SOLVERS
 
 from simulator import simulate_dv
@@ -153,9 +154,6 @@ def test_packed_rows_stay_a_cache_line_long(monkeypatch):
     # its copy would read one element per row of A at each step (gathers). The layout widens its
     # k tiles to 16 elements (a line), so the copy reads and writes rows of 16, as vectors. (The
     # plan as written: its two 8x16 register tiles per L1 tile are what LLVM would merge.)
-    from cachetile.models.targets.base import Target
-    from cachetile.models.targets.simd_cpu import SimdCpu
-
     monkeypatch.setattr(SimdCpu, "emitted_tiles", Target.emitted_tiles)
     hw = _three_levels()
     w = builtin("gemm", {"m": 64, "n": 32, "k": 96})
@@ -761,9 +759,6 @@ def test_llvm_runs_a_register_tile_and_the_short_loop_around_it_as_one_tile(monk
     runs as, the second as written."""
     if HOST.vector_bytes != 64 or len(HOST.levels) != 4:
         pytest.skip("the register counts are AVX-512's, the tiles a 4-level host's")
-    from cachetile.models.targets.base import Target
-    from cachetile.models.targets.simd_cpu import SimdCpu
-
     w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
     orders = [list("nkm"), list("mnk"), list("mkn"), list("nkm")]
     store = re.compile(r"vmov[au]ps\s+%zmm\d+, ")

@@ -206,13 +206,14 @@ class SimdCpu(Target):
         if len(tiles) < 2 or len(workload.ops) != 1 or windowed_loops(workload, workload.ops[0]):
             return tiles
         op = workload.ops[0]
+        out = workload.tensors[op.output].dims
         inner, l1 = tiles[0], tiles[1]
         wider = [x for x in workload.dims if l1[x] != inner[x]]
-        if len(wider) != 1 or wider[0] not in workload.tensors[op.output].dims or l1[wider[0]] % inner[wider[0]]:
+        if len(wider) != 1 or wider[0] not in out or l1[wider[0]] % inner[wider[0]]:
             return tiles
         copies = l1[wider[0]] // inner[wider[0]]
         accumulators = float(self.accumulators(workload, op, inner))
-        steps = math.prod(inner[x] for x in op.loops if x not in workload.tensors[op.output].dims)
+        steps = math.prod(inner[x] for x in op.loops if x not in out)
         if copies * accumulators * steps <= MERGE_FMAS and copies * accumulators <= MERGE_ACCUMULATORS:
             tiles[0] = dict(l1)
         return tiles
