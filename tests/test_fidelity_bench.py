@@ -1,0 +1,29 @@
+"""bench/fidelity.py's rerank: how far timing noise alone moves a dump's Spearman."""
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy.stats import spearmanr
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
+from fidelity import resampled_spearman  # noqa: E402
+
+
+def test_rounds_without_noise_resample_to_the_dumps_own_spearman():
+    predicted = [1.0, 2.0, 3.0, 4.0, 5.0]
+    times = [0.9, 2.5, 2.1, 4.2, 5.5]  # plans 2 and 3 swapped: Spearman 0.9
+    rounds = [[t] * 10 for t in times]
+    assert resampled_spearman(predicted, rounds) == pytest.approx((spearmanr(predicted, times).statistic,) * 2)
+    assert spearmanr(predicted, times).statistic == pytest.approx(0.9)
+
+
+def test_two_plans_that_swap_from_round_to_round_widen_the_band_around_the_median_ranking():
+    predicted = [1.0, 2.0, 3.0, 4.0]
+    rng = np.random.default_rng(1)
+    # plans 1 and 2 take turns being faster; plans 0 and 3 are steady
+    rounds = [[1.0] * 10, list(2.0 + rng.choice([-0.2, 0.2], 10)), list(2.0 + rng.choice([-0.2, 0.2], 10)), [4.0] * 10]
+    low, high = resampled_spearman(predicted, rounds)
+    medians = np.median(np.asarray(rounds), axis=1)
+    assert (low, high) == pytest.approx((0.8, 1.0))  # the two orders of the middle pair; a tie gives 0.9 between them
+    assert low <= spearmanr(predicted, medians).statistic <= high
