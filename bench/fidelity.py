@@ -209,7 +209,8 @@ def main():
         rows = rerank_rows(args.workloads, hw, args.rerank)
         print(f"# dumped plans in {' '.join(args.rerank)} re-costed; hardware {hw.name}: {hw.source or ''}\n")
         print(table(("workload", "plans", "Spearman dumped (mean)", "Spearman now (mean)", "Spearman now, per dump",
-                     "its 10th-90th percentile over resampled rounds", "first now / fastest, per dump", "plans re-costed differently, all dumps"), rows))
+                     "its 10th-90th percentile over resampled rounds", "first now / fastest, per dump",
+                     "plans re-costed differently, all dumps"), rows))
         if rows:
             now = [float(r[3]) for r in rows]
             print(f"\nmean Spearman dumped {statistics.mean(float(r[2]) for r in rows):.3f}, now "
