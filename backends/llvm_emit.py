@@ -273,6 +273,7 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
     """Cache the input at `sites`; with `parallel_at` (per op, the position run in parallel; None:
     no double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
     source = source_name(workload, sites[0].tensor, padded)
+    padding = source != sites[0].tensor
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
         if not site.skipped:
@@ -287,17 +288,19 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
                 sch.parallel(sch.get_loops(cache)[0])
         else:
             sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1)
+            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1,
+                        padding=padding and cache is made[0][0])
         if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int) -> None:
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int, padding: bool = False) -> None:
     """Walk the copy's tiles level by level in the array's order, so it reads the source in
     runs as long as the tiles' rows (the pack may store them in the walk's order: each tile
     written is still contiguous), and each level-1 tile in the pack's inner order. Vectorise
     where reads are too, and share a copy made outside every parallel loop among `parallel`
-    cores (its outer loops fused until they have a trip per core)."""
+    cores (its outer loops fused until they have a trip per core). `padding`: the copy reads
+    the zero-padded input (the padding folds into it: tensorir.inline_padding)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -315,6 +318,18 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             count, n = count * sch.get(order[n]).extent.value, n + 1
         sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
     if layout.inner_order[-1] == rank - 1:
+        extent = sch.get(order[-1]).extent.value
+        if padding and lanes and extent > lanes and extent % lanes:
+            # LLVM legalises a zero-padding copy's odd-width vector (<100 x float> under the
+            # padding's condition) element by element: gemm 1000^3 with 23x16 tiles whose pack
+            # rows were 100, 50, 40 and 25 floats ran in 22.9, 20.3, 18.6 and 16.3 ms; copied
+            # in vectors of the largest power of two that divides the row (4, 2, 8 and one
+            # element at a time), 12.6, 15.4, 12.2 and 13.9 (AMD EPYC Zen 4, BENCHMARKS.md).
+            # Without the padding LLVM's whole odd vector is as fast, so it stays.
+            width = extent & -extent
+            if width > 1:
+                sch.vectorize(sch.split(order[-1], factors=[None, width])[1])
+            return
         _vectorize(sch, order[-1], lanes)
 
 

@@ -134,6 +134,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     root_shared = cores if parallel else 1  # a root pass is split over the cores when the kernel is (llvm_emit)
 
     copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
+    first = {}
+    for site in copies:
+        first.setdefault((site.op, site.tensor), site)
     for site in copies:
         op = next(o for o in workload.ops if o.name == site.op)
         positions = walk(workload, orders, op)
@@ -149,7 +152,10 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
-        vectors, elements = copy_ops(workload, hardware, site, fills * block)
+        # The first copy of an input reads it through its zero padding (backends/tensorir.inline_padding).
+        padding = site is first[site.op, site.tensor] and any(padded[x] != workload.dims[x]
+                                                      for x in workload.tensors[site.tensor].loops)
+        vectors, elements = copy_ops(workload, hardware, site, fills * block, padding)
         again = thrashed_bytes(workload, hardware, site, fills * block)
         if again:
             costs.thrashed.append((site.tensor, again))
@@ -269,7 +275,7 @@ def _copy_split(workload: Workload, site, padded, cores: int) -> tuple[str, int]
     return None
 
 
-def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> tuple[float, float]:
+def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padding: bool = False) -> tuple[float, float]:
     """(vectors, single elements) a packing copy of `elements` elements moves: its innermost loop
     (backends/llvm_emit._copy_loops) runs along a piece of the source's rows when the pack keeps
     them innermost, vectorised (vector_ops); otherwise, or along pieces of one element, one
@@ -282,11 +288,17 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float) -> t
     BENCHMARKS.md, TVM's packing copy moved a 16-float vector every 1.15 ns on one core whether
     its 64 rows were 256 or 4000 bytes long (L1 or L2), and a transposing one an element every
     0.3 ns; gemm 1024^3 with a 1024x33 block of A packed element by element ran 2.3x its
-    prediction, the copy loops holding 69% of its samples."""
+    prediction, the copy loops holding 69% of its samples.
+
+    `padding`: the copy reads the zero-padded input; a piece longer than a vector and not a
+    whole number of them then moves in vectors of the largest power of two that divides it
+    (one element at a time when odd: backends/llvm_emit._copy_loops)."""
     if site.layout is None:
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
+    if padding and piece > lanes and piece % lanes:
+        piece = piece & -piece
     if piece <= 1:
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0

@@ -20,12 +20,13 @@ from cachetile.models.errors import KernelMismatch
 from cachetile.models.measurement import random_inputs
 from cachetile.models.measurement import reference as numpy_reference
 from cachetile.models.hardware import Hardware, Level
+from cachetile.models.kernel_costs import kernel_costs
 from cachetile.models.targets.base import Target
 from cachetile.models.targets.simd_cpu import SimdCpu, hoisted_vectors
 from cachetile.optimizer.registry import SOLVERS
 
 from simulator import simulate_dv
-from tir_walk import block_loops, block_runs
+from tir_walk import block_loops, block_runs, copy_moves
 
 HOST = preset("host")
 
@@ -307,7 +308,6 @@ def test_an_output_in_place_whose_rows_alias_accumulates_in_a_skewed_copy():
     block buffer and the output accumulates in place: in the array itself when its rows are 320
     bytes long, but when they are 1 KiB (rows_alias) in a buffer of the whole output, its rows
     skewed by a line, copied out once; kernel_costs counts that copy."""
-    from cachetile.models.kernel_costs import kernel_costs
 
     for n, copied in ((80, False), (256, True)):
         w = builtin("gemm", {"m": 96, "n": n, "k": 64})
@@ -524,6 +524,27 @@ def test_register_tile_is_zeroed_under_its_key_when_a_copy_sits_above_it():
     stores = [line for b in kernel for line in b.splitlines() if re.search(r"vmov\w*\s+%[xyz]mm\d+, .*\(", line)]
     assert kernel and stores == [], stores[:4]
     check(w, built.lib)
+
+
+def test_a_zero_padding_copys_odd_rows_move_in_vectors_that_divide_them():
+    """A's pack reads it through its zero padding (90 rows in 23-row tiles) in rows of 100
+    floats, not a whole number of 16-float vectors: copied as one <100 x float> under the
+    padding's condition, LLVM moved it element by element (gemm 1000^3 with 23x16 tiles: 22.9
+    ms, 12.6 in 4-float vectors). It moves in vectors of 4, the largest power of two dividing
+    100, as kernel_costs counts; B, not padded, keeps its whole 16-float rows."""
+    w = builtin("gemm", {"m": 90, "n": 64, "k": 200})
+    tiles = [{"m": 23, "n": 16, "k": 5}, {"m": 23, "n": 16, "k": 100}, {"m": 23, "n": 32, "k": 200},
+             {"m": 46, "n": 64, "k": 200}][-len(HOST.levels):]
+    orders = [["m", "n", "k"]] * len(HOST.levels)
+    plan = make_plan(w, HOST, orders, tiles)
+    body = emit(w, HOST, plan).schedule.mod["main"].body
+    inner = {name: [(int(lp.extent), lp.kind) for lp in loops[-2:]] for name, loops in block_loops(body)}
+    assert inner["A_pad_global"] == [(25, tvm.tirx.ForKind.SERIAL), (4, tvm.tirx.ForKind.VECTORIZED)]
+    assert inner["B_global"][-1] == (16, tvm.tirx.ForKind.VECTORIZED)
+    moves = copy_moves(body, HOST.vector_bytes // w.elem_bytes)
+    modelled = {t: (v, e) for t, v, e in kernel_costs(w, HOST, orders, [lp.tile for lp in plan.levels]).copy_ops}
+    assert modelled == {"A": moves["A_pad_global"], "B": moves["B_global"]}
+    check(w, build(w, HOST, plan).lib)
 
 
 def test_fused_chain_consumer_is_zeroed_under_its_producer():
