@@ -327,8 +327,12 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             # element at a time), 12.6, 15.4, 12.2 and 13.9 (AMD EPYC Zen 4, BENCHMARKS.md).
             # Without the padding LLVM's whole odd vector is as fast, so it stays.
             width = extent & -extent
+            outer = order[-1]
             if width > 1:
-                sch.vectorize(sch.split(order[-1], factors=[None, width])[1])
+                outer, inner = sch.split(order[-1], factors=[None, width])
+                sch.vectorize(inner)
+            # Tagged for the tests that count what each copy issues (kernel_costs.copy_ops).
+            sch.annotate(outer, PADDED_PIECE, extent)
             return
         _vectorize(sch, order[-1], lanes)
 
@@ -356,6 +360,9 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
         parts = _vector_split(sch, loop, lanes, vectors)
         sch.vectorize(parts[1] if parts else loop)
 
+
+# The loop annotation naming the row piece a zero-padding copy moves in narrower vectors (_copy_loops).
+PADDED_PIECE = "cachetile.padded_piece"
 
 # A register tile's row of up to this many vectors is zeroed and stored by one vectorised loop.
 # Split into single vectors, LLVM (SROA) holds the tile as <64 x float> values and stores each

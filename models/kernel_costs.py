@@ -290,15 +290,19 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padd
     0.3 ns; gemm 1024^3 with a 1024x33 block of A packed element by element ran 2.3x its
     prediction, the copy loops holding 69% of its samples.
 
-    `padding`: the copy reads the zero-padded input; a piece longer than a vector and not a
-    whole number of them then moves in vectors of the largest power of two that divides it
-    (one element at a time when odd: backends/llvm_emit._copy_loops)."""
+    `padding`: the copy reads the zero-padded input. A piece longer than a vector and not a
+    whole number of them then moves in vectors of the largest power of two that divides it, or
+    one element at a time when odd (backends/llvm_emit._copy_loops), which moved as fast as its
+    whole vectors would: counted as those. gemm 1000^3 with 23x16 tiles and pack rows of 100,
+    50, 40 and 25 floats (vectors of 4, 2, 8 and 1) ran in 12.6, 15.4, 12.2 and 13.9 ms,
+    predicted 13.9, 13.5, 13.9 and 12.7 so; 21.1, 30.4, 16.3 and 20.3 with every narrow vector
+    or element charged as a whole one (AMD EPYC Zen 4, BENCHMARKS.md "Repack session")."""
     if site.layout is None:
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
     if padding and piece > lanes and piece % lanes:
-        piece = piece & -piece
+        return elements / lanes, 0.0
     if piece <= 1:
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0

@@ -4,6 +4,8 @@ from collections import Counter
 
 from tvm import s_tir, tirx
 
+from cachetile.backends.llvm_emit import PADDED_PIECE
+
 
 def block_loops(stmt, loops=(), realizes=False):
     """(block name, the loops around it, outermost first) for every block, in program order;
@@ -60,12 +62,15 @@ def copy_moves(stmt, lanes: int) -> dict[str, tuple[float, float]]:
     """Per block: (vectors, single elements) its innermost loop moves, the loop's trips times its
     runs: a vectorised innermost loop of extent e moves e // lanes whole vectors and the rest in
     power-of-two parts per trip of the loops around it (what LLVM issues, checked against its
-    assembly in test_kernel_costs), any other loop one element per run."""
+    assembly in test_kernel_costs), any other loop one element per run; a zero-padding copy's
+    odd rows (tagged PADDED_PIECE) their elements' worth of whole vectors, as copy_ops counts."""
     acc = {}
     for name, loops in block_loops(stmt):
         runs = math.prod(int(lp.extent) for lp in loops)
         vectors, elements = acc.get(name, (0.0, 0.0))
-        if loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
+        if any(PADDED_PIECE in lp.annotations for lp in loops[-2:]):
+            vectors += runs / lanes  # a zero-padding copy's odd rows, counted as whole vectors (copy_ops)
+        elif loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
             extent = int(loops[-1].extent)
             vectors += runs / extent * (extent // lanes + bin(extent % lanes).count("1"))
         else:
