@@ -156,7 +156,10 @@ def _tile(sch, block, workload, orders, op, tiles, padded, nests: _Nests) -> Non
         for j, part in zip(levels + [-1], parts):
             nests.loops[(op.name, (x, j))] = part
     plan = output_plan(workload, orders, op, tiles, padded)
-    owned = plan.owned if plan else _under_key(workload, orders, op, tiles, padded, owned) if keep else owned
+    if plan:
+        owned = plan.owned
+    elif keep:
+        owned = _under_key(workload, orders, op, tiles, padded, owned)
     sch.reorder(*[nests.loops[(op.name, p)] for p in owned + [(x, -1) for x in micro_order(workload, op)]])
 
 

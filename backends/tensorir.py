@@ -14,7 +14,7 @@ from typing import Mapping
 
 from tvm import te, tirx
 
-from ..models.caches import crops
+from ..models.caches import crops, is_padded
 from ..models.workload import Workload
 
 
@@ -27,15 +27,6 @@ def block_name(workload: Workload, op, padded: Mapping[str, int]) -> str:
 
 def pad_name(tensor: str) -> str:
     return f"{tensor}_pad"
-
-
-def is_padded(workload: Workload, name: str, padded: Mapping[str, int]) -> bool:
-    """Whether ops read the input through a zero-padded copy: a loop indexing it is padded, or
-    (affine indices) the stored array does not span exactly the indices read."""
-    t = workload.tensors[name]
-    if any(padded[x] != workload.dims[x] for x in t.loops):
-        return True
-    return not t.plain and (any(ix.offset for ix in t.index) or workload.shape(name) != workload.extents(name))
 
 
 def padded_shape(workload: Workload, name: str, padded: Mapping[str, int]) -> list[int]:

@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from typing import Literal
+from typing import Literal, Mapping
 
 import numpy as np
 from pydantic import BaseModel, Field
@@ -187,6 +187,15 @@ def rows_alias(workload: Workload, tensor: str, padded) -> bool:
     """Whether `tensor` has rows (over the `padded` extents) that alias (row_aliases)."""
     dims = workload.tensors[tensor].dims
     return len(dims) > 1 and row_aliases(padded[dims[-1]] * workload.elem_bytes)
+
+
+def is_padded(workload: Workload, name: str, padded: Mapping[str, int]) -> bool:
+    """Whether ops read the input through a zero-padded copy: a loop indexing it is padded, or
+    (affine indices) the stored array does not span exactly the indices read."""
+    t = workload.tensors[name]
+    if any(padded[x] != workload.dims[x] for x in t.loops):
+        return True
+    return not t.plain and (any(ix.offset for ix in t.index) or workload.shape(name) != workload.extents(name))
 
 
 def crops(workload: Workload, op: Op, padded) -> bool:

@@ -54,8 +54,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, micro_order, outer_shared,
-                     output_plan, read_once, trips, walk)
+from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, is_padded, micro_order,
+                     outer_shared, output_plan, read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .crowding import set_share
 from .hardware import Hardware
@@ -153,8 +153,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         source = workload.size(site.tensor) * elem
         costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
         # The first copy of an input reads it through its zero padding (backends/tensorir.inline_padding).
-        padding = site is first[site.op, site.tensor] and any(padded[x] != workload.dims[x]
-                                                      for x in workload.tensors[site.tensor].loops)
+        padding = site is first[site.op, site.tensor] and is_padded(workload, site.tensor, padded)
         vectors, elements = copy_ops(workload, hardware, site, fills * block, padding)
         again = thrashed_bytes(workload, hardware, site, fills * block)
         if again:
