@@ -36,7 +36,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import llvm, log, random_plan, time_in_fresh_rounds  # noqa: E402
+from kernels import llvm, log, random_plan, time_interleaved  # noqa: E402
 from solve_times import table  # noqa: E402
 
 WORKLOADS = {
@@ -94,39 +94,57 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     vector spills in its FMA loops (backends/llvm_asm), which the model does not see, and
     every round's seconds (what --dump keeps). Each round runs in its own process, in its own
     shuffled order (time_in_fresh_rounds): where a kernel's buffers land is drawn anew each round."""
+    return measure_workloads([(w, plans)], hw, rounds)[0]
+
+
+def measure_workloads(cases, hw, rounds: int = 10):
+    """measure_plans for several (workload, plans) cases, every case's round r timed before any
+    case's round r+1 (kernels.time_interleaved), so that a slow spell of the machine longer than
+    one case's rounds reaches a round or two of each instead of all of one."""
     from cachetile.backends.llvm_asm import fma_loop_spills
 
-    libs = [llvm().build(w, hw, p).lib.mod for p in plans]
-    times = time_in_fresh_rounds(libs, w, rounds, repeat=1, rng=random.Random(0))
-    return [statistics.median(t) for t in times], [fma_loop_spills(lib) for lib in libs], times, libs
+    built = []
+    for n, (w, plans) in enumerate(cases):
+        log(f"fidelity: building case {n + 1}/{len(cases)}'s {len(plans)} plans")
+        built.append([llvm().build(w, hw, p).lib.mod for p in plans])
+    times = time_interleaved([(libs, w) for libs, (w, _) in zip(built, cases)], rounds, repeat=1,
+                             rng=random.Random(0))
+    return [([statistics.median(t) for t in each], [fma_loop_spills(lib) for lib in libs], each, libs)
+            for each, libs in zip(times, built)]
 
 
-def retime_leaders(w, libs, measured, leaders: int = 3, rounds: int = 10):
-    """The returned plan (index 0) against the `leaders` plans measured fastest, timed again in
-    `rounds` fresh rounds of their own: {index: median seconds}; empty when the returned plan
-    was the fastest. The fastest of 20 medians is a minimum over noisy figures, lower than the
-    same plan's next median (the winner's curse): on this host a plan's rounds spread 1.1-2x
-    as the memory's speed swung (BENCHMARKS.md), and the decode GEMM's three leaders, predicted
-    within 10% of each other, each came out fastest in some run. Timed again together, apart
-    from the sample that picked them, the leaders give the returned plan an unbiased yardstick."""
-    ranked = sorted(range(len(measured)), key=measured.__getitem__)
-    if ranked[0] == 0:
-        return {}
-    picked = [0, *(i for i in ranked[:leaders] if i != 0)]
-    times = time_in_fresh_rounds([libs[i] for i in picked], w, rounds, repeat=1, rng=random.Random(1))
-    return {i: statistics.median(t) for i, t in zip(picked, times)}
+def retime_leaders(cases, leaders: int = 3, rounds: int = 10) -> list[dict[int, float]]:
+    """Per (workload, libs, measured) case: the returned plan (index 0) against the `leaders`
+    plans measured fastest, timed again in `rounds` fresh rounds of their own (interleaved across
+    the cases): {index: median seconds}; empty when the returned plan was the fastest. The
+    fastest of 20 medians is a minimum over noisy figures, lower than the same plan's next median
+    (the winner's curse): on this host a plan's rounds spread 1.1-2x as the memory's speed swung
+    (BENCHMARKS.md), and the decode GEMM's three leaders, predicted within 10% of each other, each
+    came out fastest in some run. Timed again together, apart from the sample that picked them,
+    the leaders give the returned plan an unbiased yardstick."""
+    picks = []
+    for _, _, measured in cases:
+        ranked = sorted(range(len(measured)), key=measured.__getitem__)
+        picks.append([] if ranked[0] == 0 else [0, *(i for i in ranked[:leaders] if i != 0)])
+    timed = [(case, picked) for case, picked in zip(cases, picks) if picked]
+    times = time_interleaved([([libs[i] for i in picked], w) for (w, libs, _), picked in timed], rounds,
+                             repeat=1, rng=random.Random(1)) if timed else []
+    again = iter(times)
+    return [{i: statistics.median(t) for i, t in zip(picked, next(again))} if picked else {} for picked in picks]
 
 
 def fidelity_rows(names, hw, n_plans: int, seed: int = 0, dump: str | None = None):
     from scipy.stats import spearmanr
 
-    rows = []
+    cases = []
     for name in names:
         w = workload(name)
-        log(f"fidelity: {name}")
-        plans = candidate_plans(w, hw, n_plans, random.Random(seed))
-        measured, spills, rounds, libs = measure_plans(w, hw, plans)
-        again = retime_leaders(w, libs, measured)
+        log(f"fidelity: {name}, planning")
+        cases.append((w, candidate_plans(w, hw, n_plans, random.Random(seed))))
+    results = measure_workloads(cases, hw)
+    agains = retime_leaders([(w, libs, measured) for (w, _), (measured, _, _, libs) in zip(cases, results)])
+    rows = []
+    for name, (w, plans), (measured, spills, rounds, _), again in zip(names, cases, results, agains):
         predicted = [p.predicted_seconds for p in plans]
         if dump:
             Path(dump).mkdir(parents=True, exist_ok=True)

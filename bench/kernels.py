@@ -184,22 +184,44 @@ def time_in_fresh_rounds(libs, workload, rounds: int, repeat: int = 10, rng=None
     `mkn:17,16,2 | kmn:17,16,2 | kmn:17,16,2 | kmn:34,32,22`: 25-27 ms in most processes, 45-50 in
     others), and one process keeps the same placement for all its rounds: its median is one
     draw. A process per round makes the median one over `rounds` placements."""
+    return time_interleaved([(libs, workload)], rounds, repeat, rng, timeout)[0]
+
+
+def interleaved_schedule(sizes: list[int], rounds: int, rng=None) -> list[tuple[int, list[int]]]:
+    """The (group, order of its kernels) each fresh process of time_interleaved runs, in turn:
+    round r visits every group before round r+1 starts."""
+    return [(g, _round_order(n, rng)) for _ in range(rounds) for g, n in enumerate(sizes)]
+
+
+def time_interleaved(groups, rounds: int, repeat: int = 10, rng=None,
+                     timeout: float = 600.0) -> list[list[list[float]]]:
+    """time_in_fresh_rounds for several (libs, workload) groups at once, their rounds
+    interleaved (interleaved_schedule): per group, per kernel, its seconds in each round.
+
+    This host's speed drifts in spells that outlast one workload's rounds (half a minute): in two
+    fidelity runs (BENCHMARKS.md, "Interleaved session") six of gemm 127x251x509's 20 plans ran
+    1.6-1.9x their time in every one of their 10 rounds, while the same plans timed alone, or
+    after gemm 1000^3, ran as predicted. Interleaved, a spell reaches a round or two of every
+    group, and the medians step over it."""
     from tvm.support.popen_pool import PopenWorker
 
     from cachetile.backends.llvm_measure import time_exported
 
-    times = [[] for _ in libs]
+    times = [[[] for _ in libs] for libs, _ in groups]
     with tempfile.TemporaryDirectory(prefix="cachetile-rounds-") as tmp:
-        paths = [os.path.join(tmp, f"kernel{i}.so") for i in range(len(libs))]
-        for lib, path in zip(libs, paths):
-            lib.export_library(path)
-        for _ in range(rounds):
-            order = _round_order(len(libs), rng)
+        paths = [[os.path.join(tmp, f"group{g}-kernel{i}.so") for i in range(len(libs))]
+                 for g, (libs, _) in enumerate(groups)]
+        for (libs, _), mine in zip(groups, paths):
+            for lib, path in zip(libs, mine):
+                lib.export_library(path)
+        for k, (g, order) in enumerate(interleaved_schedule([len(libs) for libs, _ in groups], rounds, rng)):
+            if g == 0:
+                log(f"timing: round {k // len(groups) + 1}/{rounds}")
             worker = PopenWorker()
             try:
-                worker.send(time_exported, ([paths[i] for i in order], workload, repeat), timeout=timeout)
+                worker.send(time_exported, ([paths[g][i] for i in order], groups[g][1], repeat), timeout=timeout)
                 for i, t in zip(order, worker.recv()):
-                    times[i].append(t)
+                    times[g][i].append(t)
             finally:
                 worker.kill()
     return times

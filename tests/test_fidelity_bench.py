@@ -1,4 +1,6 @@
-"""bench/fidelity.py's rerank: how far timing noise alone moves a dump's Spearman."""
+"""bench/fidelity.py's rerank: how far timing noise alone moves a dump's Spearman; and the order its
+rounds run in."""
+import random
 import sys
 from pathlib import Path
 
@@ -8,6 +10,7 @@ from scipy.stats import spearmanr
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))
 from fidelity import resampled_spearman  # noqa: E402
+from kernels import interleaved_schedule  # noqa: E402
 
 
 def test_rounds_without_noise_resample_to_the_dumps_own_spearman():
@@ -27,3 +30,12 @@ def test_two_plans_that_swap_from_round_to_round_widen_the_band_around_the_media
     medians = np.median(np.asarray(rounds), axis=1)
     assert (low, high) == pytest.approx((0.8, 1.0))  # the two orders of the middle pair; a tie gives 0.9 between them
     assert low <= spearmanr(predicted, medians).statistic <= high
+
+
+def test_each_round_times_every_group_before_the_next_round_starts():
+    sizes = [3, 2, 4]
+    schedule = interleaved_schedule(sizes, rounds=3, rng=random.Random(0))
+    assert [g for g, _ in schedule] == [0, 1, 2] * 3
+    assert all(sorted(order) == list(range(sizes[g])) for g, order in schedule)
+    assert len({tuple(order) for g, order in schedule if g == 2}) > 1  # each round shuffles anew
+    assert interleaved_schedule([2], rounds=2) == [(0, [0, 1]), (0, [0, 1])]  # no rng: as given
