@@ -6,7 +6,8 @@
 For each workload: the returned plan, its alternatives and random feasible
 plans (nested legal tiles that fit, random orders), each built with the
 LLVM backend and timed: median of 10 rounds, each a fresh process that times
-every plan in turn, in a shuffled order. Prints per workload the Spearman rank
+every plan in turn, in a shuffled order, every workload's round r before any
+workload's round r+1 (kernels.time_interleaved). Prints per workload the Spearman rank
 correlation of predicted against measured time, how far the returned plan is
 from the fastest measured one (and again once the returned plan and the three
 fastest are re-timed in rounds of their own: retime_leaders), the model's error

@@ -198,11 +198,12 @@ def time_interleaved(groups, rounds: int, repeat: int = 10, rng=None,
     """time_in_fresh_rounds for several (libs, workload) groups at once, their rounds
     interleaved (interleaved_schedule): per group, per kernel, its seconds in each round.
 
-    This host's speed drifts in spells that outlast one workload's rounds (half a minute): in two
-    fidelity runs (BENCHMARKS.md, "Interleaved session") six of gemm 127x251x509's 20 plans ran
-    1.6-1.9x their time in every one of their 10 rounds, while the same plans timed alone, or
-    after gemm 1000^3, ran as predicted. Interleaved, a spell reaches a round or two of every
-    group, and the medians step over it."""
+    This host's cores hand data to each other at one of two speeds, and a state can outlast a
+    group's rounds (half a minute): in one fidelity run (BENCHMARKS.md, "Interleaved session")
+    the gemm 127x251x509 plans whose packed blocks one core writes for the other ran 1.7-2x
+    their time in all 10 of their rounds, in another in none. Interleaved, every group's rounds
+    spread over the whole run, so that each group's medians see the machine's states in about
+    the same shares instead of one draw of them."""
     from tvm.support.popen_pool import PopenWorker
 
     from cachetile.backends.llvm_measure import time_exported
