@@ -94,7 +94,7 @@ def measure_plans(w, hw, plans, rounds: int = 10):
     themselves at Spearman 0.72-1.00 between two runs (BENCHMARKS.md). Also each kernel's
     vector spills in its FMA loops (backends/llvm_asm), which the model does not see, and
     every round's seconds (what --dump keeps). Each round runs in its own process, in its own
-    shuffled order (time_in_fresh_rounds): where a kernel's buffers land is drawn anew each round."""
+    shuffled order (kernels.time_interleaved): where a kernel's buffers land is drawn anew each round."""
     return measure_workloads([(w, plans)], hw, rounds)[0]
 
 

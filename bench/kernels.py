@@ -175,18 +175,6 @@ def time_in_rounds(libs, args, rounds: int, repeat: int = 10, rng=None) -> list[
     return times
 
 
-def time_in_fresh_rounds(libs, workload, rounds: int, repeat: int = 10, rng=None,
-                         timeout: float = 600.0) -> list[list[float]]:
-    """Like time_in_rounds, but each round runs in a fresh process (TVM's PopenWorker), which
-    loads every kernel from an exported file and times each in turn (order shuffled by `rng`).
-
-    Where a kernel's packed buffers land decides up to 1.9x for some plans (gemm 1024^3
-    `mkn:17,16,2 | kmn:17,16,2 | kmn:17,16,2 | kmn:34,32,22`: 25-27 ms in most processes, 45-50 in
-    others), and one process keeps the same placement for all its rounds: its median is one
-    draw. A process per round makes the median one over `rounds` placements."""
-    return time_interleaved([(libs, workload)], rounds, repeat, rng, timeout)[0]
-
-
 def interleaved_schedule(sizes: list[int], rounds: int, rng=None) -> list[tuple[int, list[int]]]:
     """The (group, order of its kernels) each fresh process of time_interleaved runs, in turn:
     round r visits every group before round r+1 starts."""
@@ -195,8 +183,15 @@ def interleaved_schedule(sizes: list[int], rounds: int, rng=None) -> list[tuple[
 
 def time_interleaved(groups, rounds: int, repeat: int = 10, rng=None,
                      timeout: float = 600.0) -> list[list[list[float]]]:
-    """time_in_fresh_rounds for several (libs, workload) groups at once, their rounds
-    interleaved (interleaved_schedule): per group, per kernel, its seconds in each round.
+    """Like time_in_rounds, for several (libs, workload) groups: per group, per kernel, its
+    seconds in each round. Each round of a group runs in a fresh process (TVM's PopenWorker),
+    which loads the group's kernels from exported files and times each in turn (order shuffled
+    by `rng`), and round r of every group runs before round r+1 of any (interleaved_schedule).
+
+    Where a kernel's packed buffers land decides up to 1.9x for some plans (gemm 1024^3
+    `mkn:17,16,2 | kmn:17,16,2 | kmn:17,16,2 | kmn:34,32,22`: 25-27 ms in most processes, 45-50 in
+    others), and one process keeps the same placement for all its rounds: its median is one
+    draw. A process per round makes the median one over `rounds` placements.
 
     This host's cores hand data to each other at one of two speeds, and a state can outlast a
     group's rounds (half a minute): in one fidelity run (BENCHMARKS.md, "Interleaved session")
