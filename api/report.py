@@ -145,7 +145,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("handed between cores, per KiB", "0", "-", _seconds(profile.handoff_seconds * 1024)))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
-    return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows)])
+    notes = [f"note: {n}" for n in profile.notes]
+    return "\n".join([f"calibrated {profile.cpu} in {profile.seconds:.1f} s; profile {path}", *_rows(rows), *notes])
 
 
 def _reach(points) -> str:

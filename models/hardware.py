@@ -335,7 +335,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"handoff_seconds": profile.handoff_seconds} if profile.handoff_seconds else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
-                  f"{refitted} ({profile_path(profile.key)})",
+                  f"{refitted} ({profile_path(profile.key)})" + "".join(f"; note: {n}" for n in profile.notes),
     })
 
 

@@ -135,6 +135,8 @@ class Profile(BaseModel):
         None, gt=0, allow_inf_nan=False,
         description="seconds more per byte one core spends reading what another core has just written than "
                     "reading its own (a quarter of its private cache each); none in older profiles or on one core")
+    notes: list[str] = Field(default_factory=list,
+                             description="what the calibration found doubtful in its own figures, in words")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "
                                                   "--from-measurements), applied on top of the figures above")
 
