@@ -4,6 +4,7 @@ from __future__ import annotations
 from ..models.hardware import Hardware
 from ..models.measurement import Measurement
 from ..models.profile import RUN_BYTES, SHORT_RUN_BYTES, Profile
+from ..models.targets.simd_cpu import FMA_CHAINS
 from ..models.plan import CacheRecord, TuneResult
 from ..optimizer.pareto import ParetoFront
 
@@ -103,6 +104,8 @@ def format_hardware(hw: Hardware) -> str:
                          f"{_seconds(hw.copy_element_seconds)} (one core)")
         if hw.handoff_seconds:
             lines.append(f"  a buffer another core wrote costs {_seconds(hw.handoff_seconds * 1024)} more per KiB read")
+        if hw.fma_chains:
+            lines.append(f"  the FMA pipes need {hw.fma_chains:.1f} accumulator vectors in flight")
     if hw.source:
         lines.append(f"  source: {hw.source}")
     return "\n".join(lines)
@@ -143,6 +146,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("packing copy, per element", "0 (streams only)", _seconds(profile.copy_element_seconds), "-"))
     if profile.handoff_seconds:
         rows.append(("handed between cores, per KiB", "0", "-", _seconds(profile.handoff_seconds * 1024)))
+    if profile.fma_chains:
+        rows.append(("accumulator chains needed", str(FMA_CHAINS), f"{profile.fma_chains:.1f}", "-"))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))
     rows.append(("kernel call", "0", _seconds(profile.call_seconds), "-"))
     notes = [f"note: {n}" for n in profile.notes]

@@ -14,7 +14,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   when a spatial loop runs inside the reduction around the register tile):
   what that time adds to the first gives the accumulators' bandwidth. Stores
   and store-to-load forwarding do not overlap the FMAs the way input loads do
-  (measured on Zen 5: 100 against 235 GFLOP/s per core). Register-resident
+  (measured on Zen 5: 100 against 235 GFLOP/s per core). A tile of only
+  FMA_CHAINS accumulators, one vector wide (one core): the share of the peak
+  it reaches says how many chains the FMA pipes need in flight (fma_chains).
+  Register-resident
   work on separate cores should scale with them; where the all-core kernels
   ran below SCALES of that, they are timed again at the end of the run, each
   keeping its fastest time, and the profile notes a scaling still short
@@ -77,6 +80,7 @@ from typing import Callable
 import numpy as np
 
 from ..models.hardware import _cpu_model, host, host_key
+from ..models.targets.simd_cpu import FMA_CHAINS
 from ..models.profile import RUN_BYTES, SHORT_RUN_BYTES, Figure, Profile
 
 Progress = Callable[[float, str], None]
@@ -463,6 +467,18 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
     return 1 / inv_peak, 1 / inv_bw
 
 
+def fit_fma_chains(chained: tuple[float, float, int], vectors: int, peak: float, registers: float,
+                   vector_bytes: int) -> float:
+    """The accumulator vectors the FMA pipes need in flight, from a register tile of `vectors`
+    accumulators, one vector wide (seconds, flops, k steps as micro_kernel_seconds returns them),
+    and the peak and register bandwidth fitted on the same cores: `vectors` over the share of the
+    time those two predict that it took. A tile that reaches the peak only says the pipes need
+    no more than `vectors`: FMA_CHAINS, the least a plan holds, stands."""
+    seconds, flops, steps = chained
+    expected = flops / peak + (vectors + 1) * vector_bytes * steps / registers  # a broadcast per row, B's vector
+    return max(float(FMA_CHAINS), vectors * seconds / expected)
+
+
 def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: float, vector_bytes: int) -> float:
     """Bytes/s of accumulators stored and reloaded (both ways), from the 4 x 4 tile whose
     accumulators spill at every k step: its time less what the peak and the register loads
@@ -545,7 +561,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 5  # and the reach's, once the sweep is done
+    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 6  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -613,6 +629,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
     for threads, (a, b, spilled) in kernels.items():
         peak[threads], registers[threads] = fit_peak_and_registers(a, b, lanes, vector_bytes)
         accumulators[threads] = fit_accumulators(spilled, peak[threads], registers[threads], vector_bytes)
+    step("a register tile of few accumulators on 1 core")
+    chained = micro_kernel_seconds(1, FMA_CHAINS, 1, lanes, k)
+    chains = fit_fma_chains(chained, FMA_CHAINS, peak[1], registers[1], vector_bytes)
     report(1.0, "done")
 
     def figure(values: dict) -> Figure:
@@ -630,5 +649,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
         band_stall=bands, stride_stall=strides, copy_vector_seconds=copy_vector,
-        copy_element_seconds=copy_element, handoff_seconds=handoff, notes=notes,
+        copy_element_seconds=copy_element, handoff_seconds=handoff, fma_chains=chains, notes=notes,
     )

@@ -106,6 +106,10 @@ class Hardware(BaseModel):
     copy_element_seconds: float = Field(
         0.0, ge=0, allow_inf_nan=False,
         description="CPU: the same per element of a copy that moves one element at a time; 0 until calibrated")
+    fma_chains: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="CPU: independent accumulator vectors the FMA pipes need in flight to run at peak "
+                    "(simd_cpu.issue_efficiency); none until calibrated: simd_cpu.FMA_CHAINS")
     handoff_seconds: float = Field(
         0.0, ge=0, allow_inf_nan=False,
         description="CPU: seconds more per byte a core spends reading a buffer another core has just written "
@@ -333,6 +337,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
         **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),
         **({"handoff_seconds": profile.handoff_seconds} if profile.handoff_seconds else {}),
+        **({"fma_chains": profile.fma_chains} if profile.fma_chains else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"
                   f"{refitted} ({profile_path(profile.key)})" + "".join(f"; note: {n}" for n in profile.notes),

@@ -135,6 +135,11 @@ class Profile(BaseModel):
         None, gt=0, allow_inf_nan=False,
         description="seconds more per byte one core spends reading what another core has just written than "
                     "reading its own (a quarter of its private cache each); none in older profiles or on one core")
+    fma_chains: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="accumulator vectors the FMA pipes need in flight, from a register tile of FMA_CHAINS "
+                    "vectors on one core: FMA_CHAINS over the share of the peak it reached (at least FMA_CHAINS); "
+                    "none in older profiles: FMA_CHAINS")
     notes: list[str] = Field(default_factory=list,
                              description="what the calibration found doubtful in its own figures, in words")
     refit: Refit | None = Field(None, description="multipliers fitted to measured plans (tune hardware host "

@@ -10,7 +10,7 @@ import pytest
 from cachetile.api.report import format_hardware
 from cachetile.backends.calibrate import (BANDS, LOADS, STRIDE_SPREADS, fit_accumulators, fit_last_level,
                                           fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
-                                          last_level_sizes, reach_sizes, scaling, settle_all_cores)
+                                          fit_fma_chains, last_level_sizes, reach_sizes, scaling, settle_all_cores)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
@@ -28,7 +28,7 @@ def _profile(key: str) -> Profile:
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
                    run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
-                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10)
+                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, fma_chains=9.5)
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -55,6 +55,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert "packing copies issue a vector per 1.2 ns, a single element per 0.3 ns (one core)" in format_hardware(hw)
     assert (hw.handoff_seconds, assumed.handoff_seconds) == (1e-10, 0.0)
     assert "a buffer another core wrote costs 102.4 ns more per KiB read" in format_hardware(hw)
+    assert (hw.fma_chains, assumed.fma_chains) == (9.5, None)
+    assert "the FMA pipes need 9.5 accumulator vectors in flight" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
     assert format_hardware(hw).splitlines()[0].endswith("(calibrated on 2026-11-23T12:00:00+00:00)")
     save_profile(_profile(key).model_copy(update={"notes": ["a core was shared"]}))
@@ -161,6 +163,17 @@ def test_all_cores_slower_than_their_share_are_timed_again_and_noted():
         "the micro-kernel on 2 cores reached 1.43x its one-core rate: another tenant may have shared a core "
         "while calibrating (calibrate again when the machine is quiet)"]
     assert settle_all_cores({1: one}, 1, 64, lambda: pytest.fail("one core has nothing to scale")) == []
+
+
+def test_the_fma_chains_are_the_few_accumulator_tiles_vectors_over_its_share_of_the_peak():
+    """An 8-vector tile (9 loads per 8 FMAs) that takes 8/9.3 of its predicted rate needs 9.3 chains
+    (the Xeon of BENCHMARKS.md); one at its predicted rate, or faster (noise), says only that 8 do."""
+    peak, bandwidth, vector_bytes, steps = 1.75e11, 1e13, 64, 1000
+    flops = 2.0 * 8 * 16 * steps
+    expected = flops / peak + 9 * vector_bytes * steps / bandwidth
+    assert fit_fma_chains((expected * 9.3 / 8, flops, steps), 8, peak, bandwidth, vector_bytes) == pytest.approx(9.3)
+    assert fit_fma_chains((expected, flops, steps), 8, peak, bandwidth, vector_bytes) == 8.0
+    assert fit_fma_chains((0.9 * expected, flops, steps), 8, peak, bandwidth, vector_bytes) == 8.0
 
 
 def test_accumulator_bandwidth_is_what_the_spilling_kernel_adds():

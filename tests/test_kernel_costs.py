@@ -183,6 +183,29 @@ def test_simd_register_tiles_keep_enough_accumulators_to_hide_the_fma_latency():
     assert bool(plain.target.admits(gemm, [{"m": 1, "n": 1, "k": 1}, dict(gemm.dims)], 1))
 
 
+def test_the_fma_chains_the_pipes_need_set_the_pace_of_tiles_with_fewer():
+    """A calibrated fma_chains (the Xeon of BENCHMARKS.md needs 9.3) slows a register tile of
+    FMA_CHAINS accumulators to FMA_CHAINS / fma_chains of the peak, and leaves one of 16 at the peak;
+    uncalibrated, FMA_CHAINS is all a tile needs."""
+    from cachetile.models.costmodel import compute_seconds
+
+    gemm = builtin("gemm", {"m": 64, "n": 64, "k": 64})  # 16 lanes
+    chained = REGISTERS_AND_L1.model_copy(update={"fma_chains": 10.0})
+    orders = [list("mnk"), list("mnk")]
+    flops_seconds = 2 * 64 ** 3 / 4e11
+    for tile, share in (({"m": 8, "n": 16, "k": 64}, 0.8), ({"m": 4, "n": 64, "k": 64}, 1.0)):
+        tiles = [tile, dict(gemm.dims)]
+        assert float(compute_seconds(gemm, chained, None, tiles)) == pytest.approx(flops_seconds / share, rel=1e-12)
+        assert float(compute_seconds(gemm, REGISTERS_AND_L1, None, tiles)) == pytest.approx(flops_seconds, rel=1e-12)
+    # With the orders, the out-of-order window adds OOO_FMAS / (FMAs per chain) vectors: 128 / 64.
+    tiles = [{"m": 8, "n": 16, "k": 64}, dict(gemm.dims)]
+    assert float(chained.target.issue_efficiency(gemm, gemm.ops[0], tiles, orders)) == pytest.approx(1.0)
+    tiles = [{"m": 8, "n": 16, "k": 1}, {"m": 8, "n": 16, "k": 64}]
+    assert float(chained.target.issue_efficiency(gemm, gemm.ops[0], tiles, orders)) == pytest.approx(1.0)
+    few = chained.model_copy(update={"fma_chains": 12.0})
+    assert float(few.target.issue_efficiency(gemm, gemm.ops[0], tiles, orders)) == pytest.approx(10 / 12)
+
+
 def test_a_whole_simd_plan_takes_register_tiles_of_two_rows_unless_the_output_has_one():
     """SimdCpu.admits with the orders (a whole plan): a one-row register tile reuses no B vector
     across rows and is not admitted where the output has more rows; a GEMV's is. Without the

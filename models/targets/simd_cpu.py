@@ -24,7 +24,10 @@ import numpy as np
 from .base import Target
 
 # Independent accumulator vectors a core needs to hide FMA latency: about 4 cycles
-# on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle.
+# on current x86 cores, times 2 FMA pipes. Fewer leave the pipes idle. The least a plan's register
+# tile holds (admits); what the pipes really need is calibrated (Hardware.fma_chains): a tile of
+# exactly 8 reaches the peak on the AMD EPYC Zen 4 of BENCHMARKS.md, whose 512-bit FMAs take both
+# 256-bit pipes, and 0.85 of it on the Intel Xeon (Emerald Rapids), which has two 512-bit pipes.
 FMA_CHAINS = 8
 # FMAs of later register tiles the out-of-order window holds (reorder buffers of 224-512 micro-ops
 # on x86 cores since Skylake and Zen 2, about 3 micro-ops per FMA step of a small tile). When a
@@ -260,8 +263,10 @@ class SimdCpu(Target):
         return self.admits(workload, tiles, stages) if level == 0 else None
 
     def issue_efficiency(self, workload, op, tiles, orders=None):
-        """The op's register tile keeps its accumulator vectors in flight; below FMA_CHAINS the FMA
-        latency, not the pipes, sets the pace (admits leaves this to outputs of fewer vectors).
+        """The op's register tile keeps its accumulator vectors in flight; below the chains the pipes
+        need (Hardware.fma_chains, else FMA_CHAINS) the FMA latency, not the pipes, sets the pace:
+        on the Xeon of BENCHMARKS.md, one-vector-wide tiles of 6, 8 and 10 rows reached 0.63, 0.85
+        and 0.95 of the peak (one core), where its calibrated 9.3 chains give 0.65, 0.86 and 1.
         With `orders`, each chain runs `reduction_chain` FMAs before a spatial loop moves to
         independent accumulators, and the out-of-order window (OOO_FMAS) overlaps that many FMAs
         of the next tiles' chains."""
@@ -269,7 +274,8 @@ class SimdCpu(Target):
         if orders is not None:
             # max: rows whose tiles do not nest have 0 trips (the searches score them infeasible)
             vectors = vectors + OOO_FMAS / np.maximum(reduction_chain(workload, op, orders, tiles), 1)
-        return np.minimum(1.0, vectors / FMA_CHAINS)
+        chains = self.hardware.fma_chains if self.hardware is not None else None
+        return np.minimum(1.0, vectors / (chains or FMA_CHAINS))
 
     def lanes(self, workload):
         """Loops indexing some output's last dimension are vectorised: tiles take whole vectors."""
