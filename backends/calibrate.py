@@ -17,13 +17,12 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   (measured on Zen 5: 100 against 235 GFLOP/s per core). A tile of only
   FMA_CHAINS accumulators, one vector wide (one core): the share of the peak
   it reaches says how many chains the FMA pipes need in flight (fma_chains).
-  Register-resident
-  work on separate cores should scale with them; where the all-core kernels
-  ran below SCALES of that, they are timed again at the end of the run, each
-  keeping its fastest time, and the profile notes a scaling still short
-  (another tenant sharing a core's FMA pipes: on the Intel Xeon of
-  BENCHMARKS.md, 254 against 2 x 177 GFLOP/s in the minutes after boot, 351 a
-  minute later);
+  Register-resident work on separate cores should scale with them; where the
+  all-core kernels ran below SCALES of that, they are timed again at the end
+  of the run, each keeping its fastest time, and the profile notes a scaling
+  still short (as if another tenant shared a core's FMA pipes: on the Intel
+  Xeon of BENCHMARKS.md, 254 against 2 x 177 GFLOP/s in the minutes after
+  boot, 351 a minute later);
 - first, the stream below over working sets doubling from twice the private
   caches' total to half the last cache (all cores): where the larger ones
   stream at memory's speed, the last cache holds less than sysfs says (a
