@@ -258,6 +258,14 @@ def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders) -> La
 def contiguous(block: list[int], shape: list[int]) -> bool:
     """True when the array stores the block as one contiguous run: every dim after the first of
     more than one index is whole. Blocks may be arrays (models/crowding.py)."""
+    if not any(isinstance(v, np.ndarray) for v in (*block, *shape)):
+        # One plan (kernel_costs costs them one at a time): plain numbers, no 0-d arrays.
+        seen = False
+        for b, whole in zip(block, shape):
+            if seen and b != whole:
+                return False
+            seen = seen or b > 1
+        return True
     ok, seen = np.ones((), dtype=bool), np.zeros((), dtype=bool)
     for b, whole in zip(block, shape):
         ok = ok & (~seen | (np.asarray(b) == whole))
@@ -276,10 +284,12 @@ def read_once(workload: Workload, op: Op, name: str, tiles, padded) -> bool:
     register tile's rows). A packed copy would then read and write every byte once more for no
     reuse, so the micro-kernel reads the array itself (models/kernel_costs.py charges its runs).
     Tiles may be arrays (models/crowding.py)."""
+    loops = [x for x in op.loops if x not in workload.tensors[name].loops]
+    if not any(isinstance(v, np.ndarray) for x in loops for v in (tiles[0][x], padded[x])):
+        return all(tiles[0][x] == padded[x] for x in loops)  # one plan: plain numbers
     once = np.ones((), dtype=bool)
-    for x in op.loops:
-        if x not in workload.tensors[name].loops:
-            once = once & (np.asarray(tiles[0][x]) == np.asarray(padded[x]))
+    for x in loops:
+        once = once & (np.asarray(tiles[0][x]) == np.asarray(padded[x]))
     return once
 
 

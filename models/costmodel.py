@@ -52,7 +52,37 @@ Orders = Sequence[Sequence[str]]  # per level, innermost level first; each outer
 Tiles = Sequence[Mapping[str, "np.ndarray | int"]]  # per level, innermost first: loop -> tile extent
 
 
+# loop_blocks' results by extent and tiles: a search costs the same loop's tiles again and again
+# (a polish moves one loop's tile at a time, and costs every order of the same tiles), so about
+# two calls in three repeat one already made (gemm 1024^3: 864 calls, 248 distinct).
+_BLOCKS: dict = {}
+_BLOCKS_HELD = 4096
+
+
+def _tile_key(t) -> tuple | float:
+    if isinstance(t, np.ndarray):
+        a = t.astype(np.float64, copy=False)
+        return a.shape, a.tobytes()
+    return float(t)
+
+
 def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
+    """Classes of a loop's blocks at every level (tiles innermost first); see _loop_blocks.
+    Remembered (_BLOCKS): the arrays returned are read-only."""
+    key = (float(extent), *map(_tile_key, tiles))
+    held = _BLOCKS.get(key)
+    if held is None:
+        held = _loop_blocks(extent, tiles)
+        for arrays in held:
+            for a in arrays:
+                a.flags.writeable = False
+        if len(_BLOCKS) >= _BLOCKS_HELD:
+            _BLOCKS.clear()
+        _BLOCKS[key] = held
+    return list(held)
+
+
+def _loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
     """Classes of a loop's blocks at every level (tiles innermost first).
 
     Level j gets arrays (size, count, deepest), each of shape (classes, *candidates):
