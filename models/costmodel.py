@@ -66,6 +66,13 @@ def _tile_key(t) -> tuple | float:
     return float(t)
 
 
+def _arrays(values) -> bool:
+    """Whether any of `values` is an array of one or more dims (0-d arrays count as numbers): a
+    search costs many plans at once, a polish one plan at a time, in plain numbers, several
+    times faster than numpy's calls on 0-d arrays."""
+    return any(isinstance(v, np.ndarray) and v.ndim for v in values)
+
+
 def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
     """Classes of a loop's blocks at every level (tiles innermost first); see _loop_blocks.
     Remembered (_BLOCKS): the arrays returned are read-only."""
@@ -134,7 +141,10 @@ def _dim_volume(index, walk_pos, level, n_levels, blocks, cuts) -> np.ndarray:
         # Sum the blocks by their deepest level, whose walk position decides each cut.
         (x,) = index.loops
         inside = luts[x][None, :] <= cuts[:, None]
-        return np.tensordot(inside.astype(np.float64), blocks[x][level][3], axes=(1, 0))
+        by_deepest = blocks[x][level][3]
+        # tensordot over the first axis; matmul on the flattened candidates spares its overhead
+        flat = inside.astype(np.float64) @ by_deepest.reshape(len(by_deepest), -1)
+        return flat.reshape((len(cuts),) + by_deepest.shape[1:])
     parts = []
     for x in index.loops:
         size, count, deepest, _ = blocks[x][level]
@@ -389,8 +399,7 @@ def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[st
 def _pick(workload, orders, tiles, cores, cands):
     """Index into `cands` and trips of the first candidate with >= cores trips, else the one
     with most trips (-1 and 1 trip when there is none); vectorised over tile arrays."""
-    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims])
-    if not shape:  # one plan (the polish costs them one at a time): plain numbers, no 0-d arrays
+    if not _arrays(t[x] for t in tiles for x in workload.dims):  # one plan: plain numbers
         best, best_trips = -1, 1.0
         for i, (x, j) in enumerate(cands):
             parent = tiles[j + 1][x] if j + 1 < len(tiles) else workload.dims[x]
@@ -400,6 +409,7 @@ def _pick(workload, orders, tiles, cores, cands):
             if t > best_trips:
                 best, best_trips = i, t
         return best, best_trips
+    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims])
     pick, trips = np.full(shape, -1), np.ones(shape)
     best, best_trips = np.full(shape, -1), np.ones(shape)
     for i, (x, j) in enumerate(cands):
@@ -438,8 +448,7 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     padded = {}
     for x, extent in workload.dims.items():
         values = [t[x] for t in tiles]
-        if not any(np.ndim(v) for v in values):
-            # One plan (the kernel's costs, one plan at a time): plain numbers, 10x faster than 0-d arrays.
+        if not _arrays(values):
             below = max((float(v) for v in values if v < extent), default=0.0)
             padded[x] = math.ceil(extent / below) * below if below else float(extent)
             continue
