@@ -351,11 +351,8 @@ def _skips(layout: Layout, keys, blocks, shape, padded_input: bool, once: bool) 
     skipped in `layout`: only the outermost block not already laid out in its source is copied."""
     skips, copied, last_key = [], False, "none"
     for key, block in zip(keys, blocks):
-        if copied:
-            skip = True  # a block of the packed layout is one contiguous run of its parent
-        else:
-            skip = not padded_input and row_major_thrifty(layout, block, shape)
-        skip = skip or key == last_key or once
+        # copied: a block of the packed layout is one contiguous run of its parent
+        skip = copied or once or key == last_key or (not padded_input and row_major_thrifty(layout, block, shape))
         skips.append(skip)
         if not skip:
             copied, last_key = True, key

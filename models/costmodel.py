@@ -174,16 +174,17 @@ def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
         covered = _align(covered, volume.ndim) * volume
     mult = np.ones(len(cuts))
     for y in nont:
-        # Innermost level whose y-position lies above each cut; its block count multiplies.
-        factors = []
-        for cut in cuts:
-            above = [j for j in range(level, n_levels) if walk_pos[(j, y)] < cut]
-            factors.append(counts[y][min(above)] if above else np.ones_like(counts[y][level]))
-        factors = np.stack(np.broadcast_arrays(*factors))
+        # Innermost level whose y-position lies above each cut; its block count multiplies (1: none).
+        per_level = np.stack(np.broadcast_arrays(*counts[y][level:], np.ones(())))
+        none = n_levels - level
+        picks = [min((j - level for j in range(level, n_levels) if walk_pos[(j, y)] < cut), default=none)
+                 for cut in cuts]
+        factors = per_level[picks]
         mult = _align(mult, factors.ndim) * factors
     nd = max(covered.ndim, mult.ndim)
     covered, mult = _align(covered, nd), _align(mult, nd)
-    gained = np.diff(covered, axis=0, prepend=0.0)
+    gained = covered.copy()
+    gained[1:] -= covered[:-1]
     return (gained * mult).sum(axis=0)
 
 
