@@ -447,9 +447,10 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     """The extents the backend computes over: each loop rounded up to a multiple of its
     largest tile smaller than the extent (padding computes on zeros, so it costs flops)."""
     padded = {}
+    plain = not _arrays(t[x] for t in tiles for x in workload.dims)
     for x, extent in workload.dims.items():
         values = [t[x] for t in tiles]
-        if not _arrays(values):
+        if plain or not _arrays(values):
             below = max((float(v) for v in values if v < extent), default=0.0)
             padded[x] = math.ceil(extent / below) * below if below else float(extent)
             continue
