@@ -199,8 +199,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.strides.append((name, stride, nbytes, share))
         costs.copy_seconds += stream(nbytes * share * weight, None, level=1)
     root_passes = sum(site.key is None for site in copies)  # each parallel itself
+    plans = {op.name: output_plan(workload, orders, op, eff, padded) for op in workload.ops}
     for op in workload.ops:
-        plan = output_plan(workload, orders, op, eff, padded)
+        plan = plans[op.name]
         if not plan or workload.tensors[op.output].role != "output":
             continue
         out = workload.tensors[op.output].dims
@@ -218,7 +219,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             block = _prod(holder_block(workload, orders, op, eff, padded, plan.holder)) * elem
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += stream(size, block) + stream(2 * size, size)
-    costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes)
+    costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes, plans)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
 
@@ -591,16 +592,17 @@ def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[s
     return picked
 
 
-def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_passes: int) -> float:
+def _regions(workload: Workload, orders, tiles, padded, parallel: dict, root_passes: int, plans: dict) -> float:
     """Parallel loops entered per call: per op, the iterations of the loops around its parallel
     loop, and again around its zeroing when that is split off above the parallel loop (the
-    zeroing nest repeats it); plus one per copy or crop made at the root, which is parallel itself."""
+    zeroing nest repeats it); plus one per copy or crop made at the root, which is parallel itself.
+    `plans`: per op, its output_plan."""
     total = float(root_passes) if parallel else 0.0
     for op in workload.ops:
         position, own = parallel.get(op.name, (None, False))
         if not own:
             continue
-        plan = output_plan(workload, orders, op, tiles, padded)
+        plan = plans[op.name]
         positions = walk(workload, orders, op)
         if plan is not None:  # the order the kernel runs them in (one-trip loops may have moved)
             top = len(tiles) - 1
