@@ -36,7 +36,17 @@ GPU_WORK = 2500.0
 # classes and the levels' re-tilings); 250 stopped MobileNet's dw+pw after one round, at a plan
 # predicted 14% slower than the next round's.
 POLISH_WORK = 500.0
+# tune: polishes of their own, each within POLISH_WORK, for the best candidates of this many
+# register tiles. A polish is a local search: the plan it ends at depends on where it starts
+# more than on how the start ranks (gemm 1000^3: from 8.24 ms predicted with 13x32 tiles it
+# reached 6.37, from 7.05 with 4x64 tiles 6.74). The first start takes the path it always took,
+# so the plan returned is never predicted slower than with one start. Searches mostly hand on
+# one register tile's plans; the second start then costs nothing.
+POLISH_STARTS = 2
+# enumeration.seeded: the greedy dive around the best register tile alone, when the joint passes
+# built their best plan on another. It took 35-60 units on the gemms of bench/shapes.py.
+DIVE_WORK = 80.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
 
-CAPS = ("SEED_WORK", "REGISTER_TILE_WORK", "GPU_WORK", "POLISH_WORK", "ROUND_POLISH_SECONDS")
+CAPS = ("SEED_WORK", "REGISTER_TILE_WORK", "GPU_WORK", "POLISH_WORK", "DIVE_WORK", "ROUND_POLISH_SECONDS")

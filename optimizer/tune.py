@@ -116,10 +116,18 @@ def tune(
 
 
 def _polished(space: Space, cands, deadline: Deadline | None) -> list:
-    """The candidates polished (within budget.POLISH_WORK of `deadline`; None: as they are) and
-    rescored, canonical and distinct, best first."""
-    polish_deadline = deadline and Deadline(deadline.left(), budget.POLISH_WORK)
+    """The candidates polished and rescored, canonical and distinct, best first. Those of the
+    first budget.POLISH_STARTS register tiles, in rank order, each tile within a budget.POLISH_WORK
+    of its own (of `deadline`; None: as they are), the rest within the last tile's. A polish is a
+    local search, and where it ends depends on where it starts more than on the start's rank."""
     out = TopK(len(cands), space)
+    budgets: dict = {}
     for cand in cands:
-        out.add(rescore(space, polish(space, cand, polish_deadline)) if polish_deadline else cand)
+        if deadline is None:
+            out.add(cand)
+            continue
+        if cand.tiles[0] not in budgets and len(budgets) < budget.POLISH_STARTS:
+            budgets[cand.tiles[0]] = Deadline(deadline.left(), budget.POLISH_WORK)
+        polish_deadline = budgets.get(cand.tiles[0], list(budgets.values())[-1])
+        out.add(rescore(space, polish(space, cand, polish_deadline)))
     return out.items

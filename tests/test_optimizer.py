@@ -318,3 +318,51 @@ def test_the_seeded_dive_goes_on_past_children_whose_register_tiles_are_all_refu
     plan = found.plans[0]
     tiles = plan.tile_dicts(space.loops)
     assert hw.target.admits(w, tiles, 1, plan.orders)
+
+
+def _seeded_both_ways(monkeypatch, dims):
+    """seeded on ZEN4_ASSUMED for a gemm: (space, its seeds, the joint passes' plans alone, with the dive)."""
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer import budget, enumeration
+
+    space = Space(builtin("gemm", dims), hardware_from(ZEN4_ASSUMED))
+    seeds = space.best_register_tiles(enumeration.REGISTER_SEEDS)
+    with monkeypatch.context() as patch:
+        patch.setattr(enumeration, "_dive", lambda *args: (None, 0))
+        joint = enumeration.seeded(space, Deadline(60), 4, cap=Deadline(60, budget.SEED_WORK))
+    both = enumeration.seeded(space, Deadline(60), 4, cap=Deadline(60, budget.SEED_WORK))
+    return space, seeds, joint, both
+
+
+def test_the_best_register_tile_gets_a_dive_of_its_own_when_the_joint_passes_tile_past_it(monkeypatch):
+    """gemm 300^3: the joint passes build their best plan on 4x64 register tiles; the dive
+    around the best-ranked register tile (6x64) alone finds a plan predicted 9% faster, which
+    then ranks first, costed exactly as registry.score costs it."""
+    from cachetile.optimizer.registry import rescore
+
+    space, seeds, joint, both = _seeded_both_ways(monkeypatch, {"m": 300, "n": 300, "k": 300})
+    first = tuple(int(v) for v in seeds[0])
+    assert joint.plans[0].tiles[0] != first
+    assert both.plans[0].tiles[0] == first
+    assert both.plans[0].key[0] < 0.95 * joint.plans[0].key[0]
+    assert rescore(space, both.plans[0]).key == pytest.approx(both.plans[0].key, rel=1e-12)
+    assert both.evaluated > joint.evaluated
+
+
+def test_each_register_tile_starts_a_polish_with_a_budget_of_its_own(monkeypatch):
+    """_polished gives the first candidate of each of the first POLISH_STARTS register tiles its
+    own work budget: the best plan is the better of the two polishes run apart. Shared in turn,
+    the budget went to the 4x64 start, and the 6x64 one, which polishes to the better plan, got
+    none."""
+    from cachetile.optimizer import budget
+    from cachetile.optimizer.local import polish
+    from cachetile.optimizer.registry import rescore
+    from cachetile.optimizer.tune import _polished
+
+    space, _, joint, both = _seeded_both_ways(monkeypatch, {"m": 300, "n": 300, "k": 300})
+    a, b = both.plans[0], next(c for c in joint.plans if c.tiles[0] != both.plans[0].tiles[0])
+    monkeypatch.setattr(budget, "POLISH_WORK", 60.0)  # one polish spends it all
+    apart = min(rescore(space, polish(space, c, Deadline(60, 60.0))).key for c in (a, b))
+    assert _polished(space, [b, a], Deadline(60))[0].key == apart
+    monkeypatch.setattr(budget, "POLISH_STARTS", 1)
+    assert _polished(space, [b, a], Deadline(60))[0].key[0] > 1.1 * apart[0]
