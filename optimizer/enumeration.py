@@ -351,8 +351,8 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
 
     The joint passes pick the outer tiles for every seed at once, so a seed none of the tiles
     they favour is a multiple of may never be costed: when the best plan found is not built
-    on the first seed, that seed gets a greedy dive of its own (_dive), whose plan joins the
-    others if it ranks first.
+    on the first seed, that seed gets a greedy dive of its own (_dive), whose plan goes first
+    if it ranks first, one more than `top` then.
     """
     wider = cap if cap is not None else deadline
     if seeds is None:
@@ -372,14 +372,15 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
         evaluated += search.evaluated
         if status == "timeout" or (best.items and space.meets_lower_bound(best.items[0].key[0])):
             break
-    if best.items and tuple(int(v) for v in seeds[0]) != best.items[0].tiles[0]:
+    plans = best.items
+    if plans and tuple(int(v) for v in seeds[0]) != plans[0].tiles[0]:
         dived, costed = _dive(space, deadline, seeds[0])
         evaluated += costed
-        if dived is not None and rank(dived) < rank(best.items[0]):
-            best.add(dived)
-    if best.items and space.meets_lower_bound(best.items[0].key[0]):
+        if dived is not None and rank(dived) < rank(plans[0]):
+            plans = [dived, *plans]  # the joint passes' best stays a start for the polish (tune)
+    if plans and space.meets_lower_bound(plans[0].key[0]):
         status = "optimal"
-    return SolveResult(status, best.items, evaluated)
+    return SolveResult(status, plans, evaluated)
 
 
 def _dive(space: Space, deadline: Deadline, seed: np.ndarray) -> tuple[Candidate | None, int]:
