@@ -101,7 +101,9 @@ def tune(
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     plans = _polished(space, result.plans, deadline)[: top + 1]
     if register_tiles:
-        extra = _polished(space, enumeration.per_register_tile(space, deadline, register_tiles), deadline)
+        # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
+        # which a polish of its own may trade for another's.
+        extra = _polished(space, enumeration.per_register_tile(space, deadline, register_tiles), deadline, starts=1)
         plans = _polished(space, plans + extra, None)
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans]
     return TuneResult(
@@ -115,18 +117,20 @@ def tune(
     )
 
 
-def _polished(space: Space, cands, deadline: Deadline | None) -> list:
+def _polished(space: Space, cands, deadline: Deadline | None, starts: int | None = None) -> list:
     """The candidates polished and rescored, canonical and distinct, best first. Those of the
-    first budget.POLISH_STARTS register tiles, in rank order, each tile within a budget.POLISH_WORK
-    of its own (of `deadline`; None: as they are), the rest within the last tile's. A polish is a
-    local search, and where it ends depends on where it starts more than on the start's rank."""
+    first `starts` (default budget.POLISH_STARTS) register tiles, in rank order, each tile within
+    a budget.POLISH_WORK of its own (of `deadline`; None: as they are), the rest within the last
+    tile's. A polish is a local search, and where it ends depends on where it starts more than on
+    the start's rank."""
+    starts = budget.POLISH_STARTS if starts is None else starts
     out = TopK(len(cands), space)
     budgets: dict = {}
     for cand in cands:
         if deadline is None:
             out.add(cand)
             continue
-        if cand.tiles[0] not in budgets and len(budgets) < budget.POLISH_STARTS:
+        if cand.tiles[0] not in budgets and len(budgets) < starts:
             budgets[cand.tiles[0]] = Deadline(deadline.left(), budget.POLISH_WORK)
         polish_deadline = budgets.get(cand.tiles[0], list(budgets.values())[-1])
         out.add(rescore(space, polish(space, cand, polish_deadline)))
