@@ -85,7 +85,16 @@ from ..models.profile import RUN_BYTES, SHORT_RUN_BYTES, Figure, Profile
 Progress = Callable[[float, str], None]
 FLOPS_PER_CALL = 2e8  # about 1 ms of arithmetic per timed call at ~200 GFLOP/s
 BYTES_PER_CALL = 64 * 2**20
-LOADS = {(4, 4): 8, (16, 1): 17}  # (rows, vectors) of a register tile -> loads per k step (vectors + broadcasts)
+
+
+def loads_per_step(rows: int, vectors: int) -> int:
+    """Loads a register tile of `rows` x `vectors` issues per k step: B's vectors and one
+    broadcast of A per row."""
+    return rows + vectors
+
+
+# (rows, vectors) of the two register tiles fit_peak_and_registers solves from -> loads per k step
+LOADS = {tile: loads_per_step(*tile) for tile in ((4, 4), (16, 1))}
 SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
 RUN_ROUNDS = 3  # strided and contiguous streams timed in turn, for the run start's median ratio
@@ -477,7 +486,7 @@ def fit_fma_chains(chained: tuple[float, float, int], vectors: int, peak: float,
     time those two predict that it took. A tile that reaches the peak only says the pipes need
     no more than `vectors`: FMA_CHAINS, the least a plan holds, stands."""
     seconds, flops, steps = chained
-    expected = flops / peak + (vectors + 1) * vector_bytes * steps / registers  # a broadcast per row, B's vector
+    expected = flops / peak + loads_per_step(vectors, 1) * vector_bytes * steps / registers
     return max(float(FMA_CHAINS), vectors * seconds / expected)
 
 

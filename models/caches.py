@@ -37,7 +37,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from . import gpu
-from .costmodel import padded_extents, parallel_candidates, parallel_loops
+from .costmodel import any_arrays, padded_extents, parallel_candidates, parallel_loops
 from .errors import InvalidInput
 from .workload import Op, Workload
 
@@ -258,8 +258,7 @@ def packed_layout(workload: Workload, tdims, tiles, padded, micro, orders) -> La
 def contiguous(block: list[int], shape: list[int]) -> bool:
     """True when the array stores the block as one contiguous run: every dim after the first of
     more than one index is whole. Blocks may be arrays (models/crowding.py)."""
-    if not any(isinstance(v, np.ndarray) for v in (*block, *shape)):
-        # One plan (kernel_costs costs them one at a time): plain numbers, no 0-d arrays.
+    if not any_arrays((*block, *shape)):  # one plan (kernel_costs costs them one at a time)
         seen = False
         for b, whole in zip(block, shape):
             if seen and b != whole:
@@ -285,8 +284,8 @@ def read_once(workload: Workload, op: Op, name: str, tiles, padded) -> bool:
     reuse, so the micro-kernel reads the array itself (models/kernel_costs.py charges its runs).
     Tiles may be arrays (models/crowding.py)."""
     loops = [x for x in op.loops if x not in workload.tensors[name].loops]
-    if not any(isinstance(v, np.ndarray) for x in loops for v in (tiles[0][x], padded[x])):
-        return all(tiles[0][x] == padded[x] for x in loops)  # one plan: plain numbers
+    if not any_arrays(v for x in loops for v in (tiles[0][x], padded[x])):  # one plan
+        return all(tiles[0][x] == padded[x] for x in loops)
     once = np.ones((), dtype=bool)
     for x in loops:
         once = once & (np.asarray(tiles[0][x]) == np.asarray(padded[x]))

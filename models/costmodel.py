@@ -66,7 +66,7 @@ def _tile_key(t) -> tuple | float:
     return float(t)
 
 
-def _arrays(values) -> bool:
+def any_arrays(values) -> bool:
     """Whether any of `values` is an array of one or more dims (0-d arrays count as numbers): a
     search costs many plans at once, a polish one plan at a time, in plain numbers, several
     times faster than numpy's calls on 0-d arrays."""
@@ -400,7 +400,7 @@ def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[st
 def _pick(workload, orders, tiles, cores, cands):
     """Index into `cands` and trips of the first candidate with >= cores trips, else the one
     with most trips (-1 and 1 trip when there is none); vectorised over tile arrays."""
-    if not _arrays(t[x] for t in tiles for x in workload.dims):  # one plan: plain numbers
+    if not any_arrays(t[x] for t in tiles for x in workload.dims):  # one plan: plain numbers
         best, best_trips = -1, 1.0
         for i, (x, j) in enumerate(cands):
             parent = tiles[j + 1][x] if j + 1 < len(tiles) else workload.dims[x]
@@ -447,10 +447,9 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     """The extents the backend computes over: each loop rounded up to a multiple of its
     largest tile smaller than the extent (padding computes on zeros, so it costs flops)."""
     padded = {}
-    plain = not _arrays(t[x] for t in tiles for x in workload.dims)
     for x, extent in workload.dims.items():
         values = [t[x] for t in tiles]
-        if plain or not _arrays(values):
+        if not any_arrays(values):
             below = max((float(v) for v in values if v < extent), default=0.0)
             padded[x] = math.ceil(extent / below) * below if below else float(extent)
             continue

@@ -124,14 +124,12 @@ def _polished(space: Space, cands, deadline: Deadline | None, starts: int | None
     tile's. A polish is a local search, and where it ends depends on where it starts more than on
     the start's rank."""
     starts = budget.POLISH_STARTS if starts is None else starts
-    out = TopK(len(cands), space)
-    budgets: dict = {}
+    out, budgets, last = TopK(len(cands), space), {}, None
     for cand in cands:
-        if deadline is None:
-            out.add(cand)
-            continue
-        if cand.tiles[0] not in budgets and len(budgets) < starts:
-            budgets[cand.tiles[0]] = Deadline(deadline.left(), budget.POLISH_WORK)
-        polish_deadline = budgets.get(cand.tiles[0], list(budgets.values())[-1])
-        out.add(rescore(space, polish(space, cand, polish_deadline)))
+        if deadline is not None:
+            tile = cand.tiles[0]
+            if tile not in budgets and len(budgets) < starts:
+                budgets[tile] = last = Deadline(deadline.left(), budget.POLISH_WORK)
+            cand = rescore(space, polish(space, cand, budgets.get(tile, last)))
+        out.add(cand)
     return out.items
