@@ -323,19 +323,15 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
     if layout.inner_order[-1] == rank - 1:
         extent = sch.get(order[-1]).extent.value
         if padding and lanes and extent > lanes and extent % lanes:
-            # LLVM legalises a zero-padding copy's odd-width vector (<100 x float> under the
-            # padding's condition) element by element: gemm 1000^3 with 23x16 tiles whose pack
-            # rows were 100, 50, 40 and 25 floats ran in 22.9, 20.3, 18.6 and 16.3 ms; copied
-            # in vectors of the largest power of two that divides the row (4, 2, 8 and one
-            # element at a time), 12.6, 15.4, 12.2 and 13.9 (AMD EPYC Zen 4, BENCHMARKS.md).
-            # Without the padding LLVM's whole odd vector is as fast, so it stays.
-            width = extent & -extent
-            outer = order[-1]
-            if width > 1:
-                outer, inner = sch.split(order[-1], factors=[None, width])
-                sch.vectorize(inner)
-            # Tagged for the tests that count what each copy issues (kernel_costs.copy_ops).
-            sch.annotate(outer, PADDED_PIECE, extent)
+            # A zero-padding copy's row that is not a whole number of vectors moves in whole
+            # vectors, the last one masked (the split's predicate), as BLAS packs an edge. Under
+            # the padding's condition LLVM moves an odd-width vector, or one narrower than a
+            # register, element by element with a branch each: gemm 127x251x509's plans packing
+            # A in pieces of 30 and 60 floats (in vectors of 2 and 4) ran 1.09-1.34x as long as
+            # in masked whole vectors (Intel Xeon, BENCHMARKS.md "Padded-copy session"); copied
+            # as one odd vector, gemm 1000^3's pack rows of 100, 50, 40 and 25 floats ran
+            # 1.2-1.8x as long as in those narrower vectors (AMD EPYC Zen 4).
+            sch.vectorize(sch.split(order[-1], factors=[None, lanes])[1])
             return
         _vectorize(sch, order[-1], lanes)
 
@@ -363,9 +359,6 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
         parts = _vector_split(sch, loop, lanes, vectors)
         sch.vectorize(parts[1] if parts else loop)
 
-
-# The loop annotation naming the row piece a zero-padding copy moves in narrower vectors (_copy_loops).
-PADDED_PIECE = "cachetile.padded_piece"
 
 # A register tile's row of up to this many vectors is zeroed and stored by one vectorised loop.
 # Split into single vectors, LLVM (SROA) holds the tile as <64 x float> values and stores each

@@ -160,7 +160,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.thrashed.append((site.tensor, again))
             costs.copy_seconds += stream(again, None, shared, level=1)
         costs.copy_ops.append((site.tensor, vectors, elements))
-        issued = issue_seconds(workload, hardware, site, fills * block, (vectors, elements)) / shared
+        issued = issue_seconds(workload, hardware, site, fills * block, (vectors, elements), padding) / shared
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
@@ -291,34 +291,37 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padd
     prediction, the copy loops holding 69% of its samples.
 
     `padding`: the copy reads the zero-padded input. A piece longer than a vector and not a
-    whole number of them then moves in vectors of the largest power of two that divides it, or
-    one element at a time when odd (backends/llvm_emit._copy_loops), which moved as fast as its
-    whole vectors would: counted as those. gemm 1000^3 with 23x16 tiles and pack rows of 100,
-    50, 40 and 25 floats (vectors of 4, 2, 8 and 1) ran in 12.6, 15.4, 12.2 and 13.9 ms,
-    predicted 13.9, 13.5, 13.9 and 12.7 so; 21.1, 30.4, 16.3 and 20.3 with every narrow vector
-    or element charged as a whole one (AMD EPYC Zen 4, BENCHMARKS.md "Repack session")."""
+    whole number of them then moves in whole vectors, the last one masked
+    (backends/llvm_emit._copy_loops): ceil(piece / lanes) of them, each at a whole vector's
+    cost. Before, such pieces moved element by element (in vectors of the power of two that
+    divides them, which LLVM splits under the padding's condition) and were counted as their
+    elements' worth of vectors, less the parts: gemm 127x251x509's plans packing A in pieces of
+    30 floats ranked first, predicted 5% faster than 8x32 tiles, and ran 14-20% slower
+    (BENCHMARKS.md, "Padded-copy session")."""
     if site.layout is None:
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
     if padding and piece > lanes and piece % lanes:
-        return elements / lanes, 0.0
+        return elements / piece * -(-piece // lanes), 0.0
     if piece <= 1:
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0
 
 
-def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float, ops=None) -> float:
+def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float, ops=None,
+                  padding: bool = False) -> float:
     """Seconds one core spends issuing what copy_ops counts (`ops`, when the caller has them):
     each vector at copy_vector_seconds, each single element at copy_element_seconds, and a part
     of a piece narrower than a vector (vector_ops) at the lesser of a vector's figure and its
     elements'. gemm 127x251x509's plans that pack A two floats a piece were predicted 1.3-1.4x
     their measured time with each part priced as a 16-float vector (BENCHMARKS.md, "Hoist
-    session")."""
-    vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements)
+    session"). `padding`: as copy_ops takes it (a padded piece longer than a vector moves in
+    whole ones)."""
+    vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements, padding)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
     piece = row_piece(site.layout)
-    if piece and piece > 1:
+    if piece and piece > 1 and not (padding and piece > hardware.target.vector_lanes(workload)):
         parts = _parts(piece % hardware.target.vector_lanes(workload))
         saved = sum(max(hardware.copy_vector_seconds - w * hardware.copy_element_seconds, 0.0) for w in parts)
         seconds -= elements / piece * saved

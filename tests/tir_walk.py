@@ -3,8 +3,7 @@ import math
 from collections import Counter
 
 from tvm import s_tir, tirx
-
-from cachetile.backends.llvm_emit import PADDED_PIECE
+from tvm.sym import Analyzer
 
 
 def block_loops(stmt, loops=(), realizes=False):
@@ -35,11 +34,28 @@ def parallel_axes(stmt) -> dict[str, list[int]]:
 
 
 def block_runs(stmt) -> Counter:
-    """How many times each block runs: the product of the loop extents around it."""
+    """How many times each block runs: the product of the loop extents around it, less the
+    iterations its predicate masks off when that predicate reads only the two innermost loops
+    (a row split into whole vectors, the last one masked: llvm_emit._copy_loops)."""
     acc = Counter()
-    for name, loops in block_loops(stmt):
-        acc[name] += math.prod(int(lp.extent) for lp in loops)
+    for name, loops, realize in block_loops(stmt, realizes=True):
+        runs = math.prod(int(lp.extent) for lp in loops)
+        inner = loops[-2:]
+        free = set(tirx.analysis.undefined_vars(realize.predicate))
+        if free and len(inner) == 2 and free <= {lp.loop_var for lp in inner}:
+            kept = sum(_holds(realize.predicate, {inner[0].loop_var: i, inner[1].loop_var: j})
+                       for i in range(int(inner[0].extent)) for j in range(int(inner[1].extent)))
+            runs = runs // (int(inner[0].extent) * int(inner[1].extent)) * kept
+        acc[name] += runs
     return acc
+
+
+def _holds(predicate, values: dict) -> bool:
+    """Whether `predicate` holds with its loop variables bound to `values`."""
+    analyzer = Analyzer()
+    for var, value in values.items():
+        analyzer.bind(var, tirx.const(value, var.expr_ty().dtype))
+    return bool(analyzer.simplify(predicate))
 
 
 def parallel_entries(stmt, mult=1) -> int:
@@ -62,15 +78,13 @@ def copy_moves(stmt, lanes: int) -> dict[str, tuple[float, float]]:
     """Per block: (vectors, single elements) its innermost loop moves, the loop's trips times its
     runs: a vectorised innermost loop of extent e moves e // lanes whole vectors and the rest in
     power-of-two parts per trip of the loops around it (what LLVM issues, checked against its
-    assembly in test_kernel_costs), any other loop one element per run; a zero-padding copy's
-    odd rows (tagged PADDED_PIECE) their elements' worth of whole vectors, as copy_ops counts."""
+    assembly in test_kernel_costs; a zero-padding copy's row split into whole vectors, the last
+    one masked, counts each), any other loop one element per run."""
     acc = {}
     for name, loops in block_loops(stmt):
         runs = math.prod(int(lp.extent) for lp in loops)
         vectors, elements = acc.get(name, (0.0, 0.0))
-        if any(PADDED_PIECE in lp.annotations for lp in loops[-2:]):
-            vectors += runs / lanes  # a zero-padding copy's odd rows, counted as whole vectors (copy_ops)
-        elif loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
+        if loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
             extent = int(loops[-1].extent)
             vectors += runs / extent * (extent // lanes + bin(extent % lanes).count("1"))
         else:
