@@ -42,7 +42,8 @@ These run between the FMA loops, not under them, so their times add to the
 plan's instead of overlapping it. Copies inside the parallel loop (or at the
 root, where the copy is itself parallel) share the cores; one above it runs on
 one core. A copy streams at the fill bandwidth of the level inside the one
-that holds what it reads (the whole source array) or writes (its buffer).
+that holds what it reads (the whole source array) or writes (its buffer), and
+its loop issues its moves meanwhile: it takes the longer of the two.
 
 Scalar plans only (tiles as ints): solvers evaluate it once per plan, where
 all levels but the register tile's are fixed.
@@ -72,14 +73,20 @@ class KernelCosts:
     # per level: bytes the copies and zeroing stream over the link filling it, weighted as
     # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
     # sum(stream_bytes[l] / bandwidth_l) + issue_seconds + handoff_seconds: what a refit of the bandwidths rescales
-    # is the first part (models/refit.py)
+    # is the first part, and with it issue_seconds, the part of each copy's issue beyond its streams (overlaps)
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
     # filled at: None at the root)
     copies: list[tuple[str, int, float, float, object]] = field(default_factory=list)
     # per copy, what its loop issues (copy_ops): (tensor, vectors moved, elements moved one at a time)
     copy_ops: list[tuple[str, float, float]] = field(default_factory=list)
-    issue_seconds: float = 0.0  # the part of copy_seconds those take (calibrated per op, not a link's: no refit rescales it)
+    # the part of copy_seconds those take beyond the copies' own streams, which they overlap
+    # (calibrated per op, not a link's: no refit rescales it)
+    issue_seconds: float = 0.0
+    # per copy, its streams and its loop's issue, of which the longer counts: (bytes it streams
+    # per link, weighted as stream_bytes counts them, seconds its loop issues), for a refit that
+    # rescales the streams (models/refit.py)
+    overlaps: list[tuple[list[float], float]] = field(default_factory=list)
     # inputs streamed unpacked whose runs pay a share of a run start (run_start_reach): (tensor,
     # contiguous runs read, elements per run)
     runs: list[tuple[str, float, int]] = field(default_factory=list)
@@ -151,7 +158,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copy_bytes[site.level] += nbytes
         costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
         source = workload.size(site.tensor) * elem
-        costs.copy_seconds += stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
+        before = list(costs.stream_bytes)
+        streamed = stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
+        costs.copy_seconds += streamed
         # The first copy of an input reads it through its zero padding (backends/tensorir.inline_padding).
         padding = site is first[site.op, site.tensor] and is_padded(workload, site.tensor, padded)
         vectors, elements = copy_ops(workload, hardware, site, fills * block, padding)
@@ -161,6 +170,13 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.copy_seconds += stream(again, None, shared, level=1)
         costs.copy_ops.append((site.tensor, vectors, elements))
         issued = issue_seconds(workload, hardware, site, fills * block, (vectors, elements), padding) / shared
+        costs.overlaps.append(([b - a for a, b in zip(before, costs.stream_bytes)], issued))
+        # The loop issues its moves while its streams are under way: a copy takes the longer of
+        # the two. Added to its streams (3.6 us over the L1 link), the calibration's own copy (64
+        # rows of 1000 floats from L2, 6.9 us) would be predicted 1.5x its measured time; over
+        # five fidelity dumps on the Intel Xeon, Spearman went from 0.840 to 0.850 (BENCHMARKS.md,
+        # "Padded-copy session").
+        issued = max(issued - streamed, 0.0)
         costs.issue_seconds += issued
         costs.copy_seconds += issued
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):

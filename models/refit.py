@@ -9,11 +9,13 @@ the measured ones best, in the least-squares sense on log times (each plan
 counts by its ratio, not its size):
 
     predicted_i = model(compute_i / p, [DV_il / (bandwidth_l b_l)])
-                  + sum_l S_il / (bandwidth_l b_l) + regions_i r_0 r + call_0 c + I_i
+                  + sum_l S_il / (bandwidth_l b_l) + regions_i r_0 r + call_0 c + H_i
+                  + sum_c max(sum_l S_cl / (bandwidth_l b_l), I_c)
 
-with DV, compute, the bytes S_il the kernel's packing copies stream over each
-link, its parallel regions and I_i, what its copies' loops issue (calibrated
-per vector and element, not fitted), from the cost model on the base hardware
+with DV, compute, the bytes S_il the kernel's serial passes stream over each
+link beside its packing copies, its parallel regions, H_i, what its copies
+hand between cores, and per copy c the bytes S_cl it streams and I_c, what its
+loop issues (calibrated, not fitted), from the cost model on the base hardware
 (models/kernel_costs.py), and p, b_l, r, c the multipliers (bounded to
 [1/20, 20]; a small ridge term keeps a multiplier that no measurement
 constrains at 1). Only the figures move; capacities, cores and vector width
@@ -80,11 +82,13 @@ class Fit(Refit):
     hardware: Hardware
 
 
-def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
+def _terms(hardware: Hardware, record: MeasuredPlan) -> tuple[np.ndarray, list]:
     """The plan's terms on the base hardware, in the order the multipliers come: compute
-    seconds, per-level DV (effective), per-level bytes its serial copies stream, parallel regions entered,
-    calls (1 when the target charges serial costs, else 0), and the seconds its copies' loops issue
-    (calibrated per vector and element, kept as they are)."""
+    seconds, per-level DV (effective), per-level bytes its serial passes stream beside its
+    copies, parallel regions entered, calls (1 when the target charges serial costs, else 0),
+    and the seconds its copies hand between cores (calibrated, kept as they are); and per copy,
+    the bytes it streams per level and the seconds its loop issues (calibrated per vector and
+    element, kept as they are), of which the longer counts (kernel_costs.overlaps)."""
     orders = [lp.order for lp in record.plan.levels]
     tiles = [lp.tile for lp in record.plan.levels]
     stages = record.plan.launch.stages if record.plan.launch else 1
@@ -94,9 +98,11 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> np.ndarray:
     dv = charged_dv(record.workload, hardware, dv, [lp.mu_bytes for lp in record.plan.levels], orders, tiles)
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
-    streamed = costs.stream_bytes if costs else [0.0] * len(dv)
-    return np.array([compute, *dv, *streamed, costs.regions if costs else 0.0, 1.0 if costs else 0.0,
-                     costs.issue_seconds + costs.handoff_seconds if costs else 0.0])
+    if costs is None:
+        return np.array([compute, *dv, *[0.0] * len(dv), 0.0, 0.0, 0.0]), []
+    copies = [(np.array(nbytes), issued) for nbytes, issued in costs.overlaps]
+    streamed = np.array(costs.stream_bytes) - sum((nbytes for nbytes, _ in copies), np.zeros(len(dv)))
+    return np.array([compute, *dv, *streamed, costs.regions, 1.0, costs.handoff_seconds]), copies
 
 
 def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,
@@ -152,8 +158,9 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
 
     records = enough(records, hardware)
     n = len(hardware.levels)
-    terms = np.array([_terms(hardware, r) for r in records])
-    compute, dv, streamed, regions, calls, issued = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
+    terms, copies = zip(*[_terms(hardware, r) for r in records])
+    terms = np.array(terms)
+    compute, dv, streamed, regions, calls, handed = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
                                                      terms[:, 1 + 2 * n], terms[:, 2 + 2 * n], terms[:, 3 + 2 * n])
     measured = np.log([r.measured_seconds for r in records])
     objective = time_objective(hardware)
@@ -161,8 +168,9 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         links = bandwidth * np.exp(theta[1:1 + n])
+        overlapped = [sum(max(float((nbytes / links).sum()), issued) for nbytes, issued in plan) for plan in copies]
         serial = (streamed / links).sum(axis=1) + regions * hardware.parallel_region_seconds * np.exp(theta[1 + n]) \
-            + calls * hardware.call_seconds * np.exp(theta[2 + n]) + issued
+            + calls * hardware.call_seconds * np.exp(theta[2 + n]) + handed + np.array(overlapped)
         predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial)
         return np.concatenate([np.log(predicted) - measured, RIDGE * theta])
 

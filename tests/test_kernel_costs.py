@@ -85,20 +85,33 @@ def test_serial_seconds_add_to_the_overlapped_time():
     assert [lp.copy_bytes for lp in plan.levels] == costs.copy_bytes
 
 
-def test_copies_cost_what_their_loops_issue_beside_their_streams():
-    """With the calibrated per-vector and per-element figures (one core), a copy adds its vectors
-    and single elements at those figures to its streams' time; gemm 127x251x509's plan here packs
-    A element by element (its register tile's k step is one column) and B by vectors."""
+def test_copies_take_the_longer_of_what_their_loops_issue_and_their_streams():
+    """With the calibrated per-vector and per-element figures (one core), a copy takes the
+    longer of what its loop issues at those figures and its streams' time; gemm 127x251x509's
+    plan here packs A element by element (its register tile's k step is one column) and B by
+    vectors."""
     w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
     orders = [["m", "n", "k"]] * 4
     tiles = [{"m": 16, "n": 16, "k": 1}] * 3 + [{"m": 127, "n": 16, "k": 509}]
     hw = HOST.model_copy(update={"cores": 1})
-    priced = hw.model_copy(update={"copy_vector_seconds": 1e-9, "copy_element_seconds": 3e-10})
-    plain, costs = kernel_costs(w, hw, orders, tiles), kernel_costs(w, priced, orders, tiles)
+    plain = kernel_costs(w, hw, orders, tiles)
     # A (padded to 128 rows) once, element by element; B's 509 x 16 panels (16 of them) in 16-float vectors.
-    assert costs.copy_ops == [("A", 0.0, 128 * 509), ("B", 16 * 509, 0.0)]
-    assert costs.copy_seconds - plain.copy_seconds == pytest.approx(16 * 509 * 1e-9 + 128 * 509 * 3e-10, rel=1e-9)
-    assert costs.stream_bytes == plain.stream_bytes  # what a refit rescales is the streams alone
+    slow = kernel_costs(w, hw.model_copy(update={"copy_vector_seconds": 1e-6, "copy_element_seconds": 1e-7}),
+                        orders, tiles)
+    assert slow.copy_ops == [("A", 0.0, 128 * 509), ("B", 16 * 509, 0.0)]
+    # Issuing far slower than the streams: each copy takes its loop's time alone.
+    assert slow.copy_seconds == pytest.approx(16 * 509 * 1e-6 + 128 * 509 * 1e-7, rel=1e-9)
+    assert slow.issue_seconds == pytest.approx(slow.copy_seconds - plain.copy_seconds, rel=1e-9)
+    # What a refit rescales: per copy, its streams beside its loop's issue.
+    assert [issued for _, issued in slow.overlaps] == pytest.approx([128 * 509 * 1e-7, 16 * 509 * 1e-6], rel=1e-9)
+    links = [lv.bandwidth_bytes_per_s for lv in hw.levels]
+    assert sum(sum(b / bw for b, bw in zip(nbytes, links)) for nbytes, _ in slow.overlaps) == pytest.approx(
+        plain.copy_seconds, rel=1e-9)
+    # Issuing far faster: the streams' time alone.
+    fast = kernel_costs(w, hw.model_copy(update={"copy_vector_seconds": 1e-15, "copy_element_seconds": 1e-16}),
+                        orders, tiles)
+    assert fast.copy_seconds == plain.copy_seconds and fast.issue_seconds == 0.0
+    assert slow.stream_bytes == fast.stream_bytes == plain.stream_bytes  # what a refit rescales is the streams alone
 
 
 def test_a_part_of_a_piece_narrower_than_a_vector_costs_at_most_its_elements():
