@@ -336,9 +336,9 @@ def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float,
     whole ones)."""
     vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements, padding)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
-    piece = row_piece(site.layout)
-    if piece and piece > 1 and not (padding and piece > hardware.target.vector_lanes(workload)):
-        parts = _parts(piece % hardware.target.vector_lanes(workload))
+    piece, lanes = row_piece(site.layout), hardware.target.vector_lanes(workload)
+    if piece and piece > 1 and not (padding and piece > lanes):
+        parts = _parts(piece % lanes)
         saved = sum(max(hardware.copy_vector_seconds - w * hardware.copy_element_seconds, 0.0) for w in parts)
         seconds -= elements / piece * saved
     return seconds
