@@ -29,6 +29,7 @@ from ..models.caches import (
 from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
+from ..models.kernel_costs import masked_piece
 from ..models.plan import Plan
 from ..models.targets.simd_cpu import MAX_BAND, SHORT_REDUCTION, UNROLL_LIMIT, banded, windowed_loops
 from ..models.workload import Workload
@@ -322,7 +323,7 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
         sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
     if layout.inner_order[-1] == rank - 1:
         extent = sch.get(order[-1]).extent.value
-        if padding and lanes and extent > lanes and extent % lanes:
+        if lanes and masked_piece(extent, lanes, padding):
             # A zero-padding copy's row that is not a whole number of vectors moves in whole
             # vectors, the last one masked (the split's predicate), as BLAS packs an edge. Under
             # the padding's condition LLVM moves an odd-width vector, or one narrower than a

@@ -176,9 +176,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         # rows of 1000 floats from L2, 6.9 us) would be predicted 1.5x its measured time; over
         # five fidelity dumps on the Intel Xeon, Spearman went from 0.840 to 0.850 (BENCHMARKS.md,
         # "Padded-copy session").
-        issued = max(issued - streamed, 0.0)
-        costs.issue_seconds += issued
-        costs.copy_seconds += issued
+        beyond = max(issued - streamed, 0.0)
+        costs.issue_seconds += beyond
+        costs.copy_seconds += beyond
         if hardware.handoff_seconds and op.name in parallel and (site.key is None or shared == 1):
             foreign = handed_off(workload, hardware, site, parallel[op.name], eff, padded, fills * block * elem,
                                  block * elem)
@@ -318,7 +318,7 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padd
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
-    if padding and piece > lanes and piece % lanes:
+    if masked_piece(piece, lanes, padding):
         return elements / piece * -(-piece // lanes), 0.0
     if piece <= 1:
         return 0.0, float(elements)
@@ -337,7 +337,7 @@ def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float,
     vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements, padding)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
     piece, lanes = row_piece(site.layout), hardware.target.vector_lanes(workload)
-    if piece and piece > 1 and not (padding and piece > lanes):
+    if piece and piece > 1 and not masked_piece(piece, lanes, padding):
         parts = _parts(piece % lanes)
         saved = sum(max(hardware.copy_vector_seconds - w * hardware.copy_element_seconds, 0.0) for w in parts)
         seconds -= elements / piece * saved
@@ -350,6 +350,14 @@ def row_piece(layout) -> int | None:
     if layout is None:
         return None
     return layout.bounds[-1][-1] if layout.inner_order[-1] == len(layout.dims) - 1 else None
+
+
+def masked_piece(piece: int, lanes: int, padding: bool) -> bool:
+    """Whether a packing copy moves its rows' pieces of `piece` elements in whole vectors of
+    `lanes`, the last one masked: it reads through the input's zero padding and the piece is
+    longer than a vector but not a whole number of them (backends/llvm_emit._copy_loops emits
+    it so, copy_ops counts it so)."""
+    return padding and piece > lanes and piece % lanes != 0
 
 
 def vector_ops(piece: int, lanes: int) -> int:

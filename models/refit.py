@@ -160,6 +160,10 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
     n = len(hardware.levels)
     terms, copies = zip(*[_terms(hardware, r) for r in records])
     terms = np.array(terms)
+    # Every record's copies in one table, so that the residuals take their max without a loop.
+    owner = np.array([i for i, plan in enumerate(copies) for _ in plan], dtype=int)
+    copy_bytes = np.array([nbytes for plan in copies for nbytes, _ in plan]).reshape(len(owner), n)
+    copy_issue = np.array([issued for plan in copies for _, issued in plan])
     compute, dv, streamed, regions, calls, handed = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
                                                      terms[:, 1 + 2 * n], terms[:, 2 + 2 * n], terms[:, 3 + 2 * n])
     measured = np.log([r.measured_seconds for r in records])
@@ -168,9 +172,9 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
 
     def residuals(theta: np.ndarray) -> np.ndarray:
         links = bandwidth * np.exp(theta[1:1 + n])
-        overlapped = [sum(max(float((nbytes / links).sum()), issued) for nbytes, issued in plan) for plan in copies]
+        overlapped = np.bincount(owner, np.maximum((copy_bytes / links).sum(axis=1), copy_issue), len(records))
         serial = (streamed / links).sum(axis=1) + regions * hardware.parallel_region_seconds * np.exp(theta[1 + n]) \
-            + calls * hardware.call_seconds * np.exp(theta[2 + n]) + handed + np.array(overlapped)
+            + calls * hardware.call_seconds * np.exp(theta[2 + n]) + handed + overlapped
         predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial)
         return np.concatenate([np.log(predicted) - measured, RIDGE * theta])
 
