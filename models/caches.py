@@ -524,12 +524,14 @@ def output_plan(workload: Workload, orders, op: Op, tiles, padded) -> OutputPlan
     return OutputPlan(holder, next(p for p in order[at:] if p[0] not in out), order)
 
 
-def holder_block(workload: Workload, orders, op: Op, tiles, padded, holder: Position) -> list[int]:
+def holder_block(workload: Workload, orders, op: Op, tiles, padded, holder: Position,
+                 inclusive: bool = False) -> list[int]:
     """The shape of the output's block under `holder` (output_plan's contiguous buffer): per
     output dim, the tile of the level above the outermost position under the holder that walks
-    it (the register tile when none does)."""
+    it (the register tile when none does). `inclusive`: the block the holder's own loop walks
+    too (what a zeroing pass decomposed at that loop covers)."""
     positions = walk(workload, orders, op)
-    under = positions[positions.index(holder) + 1:]
+    under = positions[positions.index(holder) + (0 if inclusive else 1):]
     shape = []
     for x in workload.tensors[op.output].dims:
         j = max((level for y, level in under if y == x), default=-1)

@@ -218,10 +218,20 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     plans = {op.name: output_plan(workload, orders, op, eff, padded) for op in workload.ops}
     for op in workload.ops:
         plan = plans[op.name]
-        if not plan or workload.tensors[op.output].role != "output":
+        if not plan:
             continue
         out = workload.tensors[op.output].dims
         size = _prod(padded[x] for x in out) * elem
+        if workload.tensors[op.output].role != "output":
+            # A chain's intermediate accumulated across a reduction split above its register
+            # tile is zeroed in place by a pass of its own, block by block above that reduction:
+            # chain 128x128x64x64 with k split in two at L3 zeroes all 132x128 of it at once,
+            # a 66 KiB pass through a 48 KiB L1 (valgrind's L1 missed 1.27x the expected
+            # bytes without it, BENCHMARKS.md). It is read by its consumer, never written back.
+            block = _prod(holder_block(workload, orders, op, eff, padded, plan.start, inclusive=True)) * elem
+            costs.outputs.append((op.output, size, block, 0.0))
+            costs.copy_seconds += stream(size, block)
+            continue
         if plan.holder is None:  # zeroed in place, a pass over the whole output
             real = _prod(workload.dims[x] for x in out) * elem
             # padded, or rows that alias: then copied out by a pass of its own

@@ -1,4 +1,5 @@
 """The CPU backend: planned kernels build and match numpy, and do what the plan says."""
+import math
 import os
 import re
 import subprocess
@@ -338,6 +339,36 @@ def test_a_chains_intermediate_rows_a_multiple_of_512_bytes_are_skewed_by_a_line
     lowered = _compacted(built)
     assert re.search(r"gemm1 = T\.(sblock_)?alloc_buffer\(\(128, 128\), strides=\(144, 1\)\)", lowered), lowered[:3000]
     check(w, built.lib)
+
+
+def test_a_chains_intermediate_accumulated_across_a_split_reduction_is_zeroed_as_costed():
+    """A chain whose k loop is split above the producer's register tile accumulates its
+    intermediate in place, zeroed by a pass of its own above that split: kernel_costs counts
+    that pass (bytes zeroed, the block zeroed at once, nothing written back) as the built
+    schedule runs it, whether the split is at the top (the whole intermediate at once) or under
+    the top's m blocks (a block of rows at a time)."""
+    w = builtin("gemm-chain", {"m": 128, "l": 128, "k": 64, "n": 64})
+    top = len(HOST.levels) - 1
+    cases = (([["m", "l", "k", "n"], ["l", "m", "k", "n"]] + [["m", "l", "k", "n"]] * (top - 1),
+              [{"m": 4, "l": 16, "k": 1, "n": 16}, {"m": 4, "l": 16, "k": 1, "n": 16}]
+              + [{"m": 4, "l": 128, "k": 32, "n": 16}] * (top - 2) + [{"m": 128, "l": 128, "k": 32, "n": 32}]),
+             ([["m", "l", "k", "n"]] * (top + 1),
+              [{"m": 4, "l": 16, "k": 1, "n": 16}, {"m": 4, "l": 16, "k": 32, "n": 16}]
+              + [{"m": 32, "l": 128, "k": 32, "n": 64}] * (top - 2) + [{"m": 32, "l": 128, "k": 64, "n": 64}]))
+    blocks = set()
+    for orders, tiles in cases:
+        plan = make_plan(w, HOST, orders, tiles)
+        built = build(w, HOST, plan)
+        body = built.emitted.schedule.mod["main"].body
+        loops = dict(block_loops(body))
+        own = [lp for lp in loops["gemm1_init"] if not any(lp.same_as(other) for other in loops["gemm1_update"])]
+        block = math.prod(int(lp.extent) for lp in own) * 4.0
+        costs = kernel_costs(w, HOST, orders, tiles)
+        zeroed = [out for out in costs.outputs if out[0] == "C"]
+        assert zeroed == [("C", block_runs(body)["gemm1_init"] * 4.0, block, 0.0)]
+        blocks.add(block)
+        check(w, built.lib)
+    assert blocks == {128 * 128 * 4.0, 32 * 128 * 4.0}
 
 
 def test_register_tile_does_not_spill():
