@@ -29,12 +29,12 @@ from ..models.caches import (
 from ..models.costmodel import data_volume
 from ..models.errors import InvalidInput
 from ..models.hardware import Hardware
-from ..models.kernel_costs import masked_piece
+from ..models.kernel_costs import masked_piece, plan_padding
 from ..models.plan import Plan
 from ..models.targets.simd_cpu import MAX_BAND, SHORT_REDUCTION, UNROLL_LIMIT, banded, windowed_loops
 from ..models.workload import Workload
 from .base import Emitted
-from .tensorir import block_name, inline_padding, primfunc, read_index, source_name
+from .tensorir import block_name, inline_padding, pad_name, primfunc, read_index, source_name
 
 # TVM 0.27 legalises bfloat16 buffers to uint16 storage but not explicit bfloat16 vectors (a
 # BufferStore dtype mismatch), so these dtypes leave their vector loops to LLVM's auto-vectoriser.
@@ -92,8 +92,14 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
                     parallel.get(op.name))
     _double_buffer(sch, pipelined)
-    inline_padding(sch, workload, padded)
-    records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores)
+    # An input whose copies would pay the padding's condition again at every refill is padded
+    # once, by a pass of its own at the root (kernel_costs.padding_passes).
+    passes = plan_padding(workload, hardware, orders, [lv.tile for lv in plan.levels])
+    inline_padding(sch, workload, padded, set(passes))
+    for name, site in passes.items():
+        _copy_loops(sch, sch.get_sblock(pad_name(name)), site.layout, site.level, lanes, copy_cores, padding=True)
+    records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores,
+                            list(passes.values()))
     return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests))
 
 

@@ -44,10 +44,11 @@ def read_index(sch, block, buffer_name: str) -> int:
     return [r.source.name for r in sch.get(block).reads].index(buffer_name)
 
 
-def inline_padding(sch, workload: Workload, padded: Mapping[str, int]) -> None:
-    """Fold each input's zero-padding copy into the first cache that reads it."""
+def inline_padding(sch, workload: Workload, padded: Mapping[str, int], apart=frozenset()) -> None:
+    """Fold each input's zero-padding copy into the first cache that reads it, but those named in
+    `apart`, which stay a pass of their own."""
     for name, t in workload.tensors.items():
-        if t.role == "input" and is_padded(workload, name, padded):
+        if t.role == "input" and name not in apart and is_padded(workload, name, padded):
             block = sch.get_sblock(pad_name(name))
             if sch.get_consumers(block):
                 sch.compute_inline(block)

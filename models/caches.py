@@ -60,6 +60,7 @@ class CacheRecord(BaseModel):
 
 
 WINDOW = "row-major window of the level-1 block (affine index)"
+PADDED_ONCE = "the whole zero-padded array, row-major, made once (its copies read it without the padding's condition)"
 Position = tuple[str, int]  # (loop, level); level -1 marks the register tile's point loops
 
 
@@ -363,11 +364,12 @@ def attach_name(key: Position | None, names: list[str]) -> str:
 
 
 def plan_caches(workload: Workload, level_names: list[str], orders, tiles, double_buffer: bool = False,
-                cores: int = 1) -> list[CacheRecord]:
-    """The cache records of a plan (orders and tiles innermost level first)."""
+                cores: int = 1, padding: list[CacheSite] = ()) -> list[CacheRecord]:
+    """The cache records of a plan (orders and tiles innermost level first; `padding`:
+    cache_records')."""
     padded, tiles = effective_tiles(workload, tiles)
     return cache_records(workload, level_names, orders, tiles, padded, input_caches(workload, orders, tiles, padded),
-                         double_buffer, cores)
+                         double_buffer, cores, padding)
 
 
 def parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, Position]:
@@ -424,11 +426,14 @@ def threads_apart(workload: Workload, orders, op: Op, tiles, padded, holder: Pos
 
 
 def cache_records(workload: Workload, level_names: list[str], orders, tiles, padded, sites: list[CacheSite],
-                  double_buffer: bool, cores: int = 1) -> list[CacheRecord]:
-    """Records for the input cache `sites` plus each output's register tile (tiles effective).
-    With `double_buffer`, each input cache says whether it is pipelined, or why not."""
+                  double_buffer: bool, cores: int = 1, padding: list[CacheSite] = ()) -> list[CacheRecord]:
+    """Records for the inputs zero-padded by a pass of their own (`padding`:
+    kernel_costs.padding_passes), the input cache `sites`, and each output's register tile
+    (tiles effective). With `double_buffer`, each input cache says whether it is pipelined, or
+    why not."""
     parallel = parallel_positions(workload, orders, tiles, cores)
-    records = []
+    records = [CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop="root", layout=PADDED_ONCE,
+                           double_buffer=False, skipped_thrifty=False) for s in padding]
     for s in sites:
         why = double_buffer_reason(workload, s, parallel, len(tiles) - 1) if double_buffer else None
         records.append(CacheRecord(tensor=s.tensor, level=level_names[s.level], attach_loop=attach_name(s.key, level_names),

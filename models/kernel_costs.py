@@ -55,8 +55,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .caches import (LINE_BYTES, copied_out, effective_tiles, holder_block, input_caches, is_padded, micro_order,
-                     outer_shared, output_plan, read_once, trips, walk)
+from .caches import (LINE_BYTES, CacheSite, Layout, copied_out, effective_tiles, holder_block, input_caches, is_padded,
+                     micro_order, outer_shared, output_plan, read_once, trips, walk)
 from .costmodel import compute_seconds, data_volume, parallel_candidates, parallel_loops
 from .crowding import set_share
 from .hardware import Hardware
@@ -125,7 +125,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     tiles = [{x: int(t[x]) for x in workload.dims} for t in tiles]
     padded, eff = effective_tiles(workload, tiles)
     cores, elem = hardware.cores, workload.elem_bytes
-    parallel = _parallel_positions(workload, orders, tiles, cores)
+    parallel = parallel_ops(workload, orders, tiles, cores)
     costs = KernelCosts(copy_bytes=[0.0] * len(tiles), stream_bytes=[0.0] * len(tiles))
 
     def stream(nbytes: float, footprint: float | None, shared: int = cores, level: int | None = None) -> float:
@@ -141,18 +141,18 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     root_shared = cores if parallel else 1  # a root pass is split over the cores when the kernel is (llvm_emit)
 
     copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
+    copies = [*padding_passes(workload, hardware, orders, eff, padded, copies, parallel).values(), *copies]
     first = {}
     for site in copies:
         first.setdefault((site.op, site.tensor), site)
     for site in copies:
+        fills, block = _fills(workload, orders, eff, padded, site)
         op = next(o for o in workload.ops if o.name == site.op)
-        positions = walk(workload, orders, op)
-        index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
         if site.key is None:
-            fills, block, shared = 1.0, _prod(ix.extent(padded) for ix in index), root_shared
+            shared = root_shared
         else:
+            positions = walk(workload, orders, op)
             above = positions[: positions.index(site.key) + 1]
-            fills, block = _prod(trips(eff, padded, x, j) for x, j in above), _prod(ix.span(eff[site.level]) for ix in index)
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
@@ -250,6 +250,73 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     return costs
 
 
+def padding_passes(workload: Workload, hardware: Hardware, orders, tiles, padded, sites, parallel) -> dict:
+    """Per input whose zero padding is a pass of its own at the root, that pass as a root copy
+    site (caches.CacheSite) of the padded array, row-major; the other padded inputs' padding
+    folds into their first copy (backends/tensorir.inline_padding). `tiles` effective, `sites`
+    caches.input_caches', `parallel` parallel_ops'.
+
+    Folded into a copy that moves pieces of rows narrower than a vector, or transposes, the
+    padding's condition costs at every element of every refill: gemm 127x251x509 packing A in
+    pieces of 3 floats for each of its 26x16x57 blocks (each element 16 times) ran 0.72-0.80 ms,
+    0.34-0.41 with A padded once, and packing it transposed for each 12x16x37 block 0.57-0.85
+    ms, 0.39-0.45 (the same plans on the unpadded 130x256x513: 0.32 and 0.37 ms). So a copy
+    that moves each element of its input twice or more on a core reads a padded array made
+    once; one that moves it once keeps the padding (a pass of its own only adds one: gemm
+    127x251x509's plan, whose two n blocks each pack all of A on their core, ran 1.2-1.3x as
+    long with it). Over the random plans of four fidelity workloads that this rule pads apart,
+    new/old ran 0.47-1.11 (geomean below 1; Intel Xeon, BENCHMARKS.md "Zeroing session"); what
+    LLVM makes of the folded condition depends on the piece and the loops around it (a pack
+    of 3-float pieces through it took 0.59 ns an element under 26-row tiles, 0.19 under 8-row
+    ones, and 0.26 without it), which the model does not follow."""
+    passes = {}
+    lanes = hardware.target.vector_lanes(workload)
+    n = len(tiles)
+    for site in sites:
+        t = workload.tensors[site.tensor]
+        if (site.skipped or site.key is None or site.layout is None or site.tensor in passes or not t.plain
+                or not is_padded(workload, site.tensor, padded)):
+            continue
+        if next(s for s in sites if s.tensor == site.tensor and s.op == site.op and not s.skipped) is not site:
+            continue
+        piece = row_piece(site.layout)
+        if piece is not None and piece >= lanes:
+            continue
+        fills, block = _fills(workload, orders, tiles, padded, site)
+        copies = fills * block / _prod(ix.extent(padded) for ix in workload.index(site.tensor))
+        op = next(o for o in workload.ops if o.name == site.op)
+        positions = walk(workload, orders, op)
+        split = parallel.get(op.name, (None,))[0]
+        if split in positions[: positions.index(site.key) + 1] and split[0] not in t.loops:
+            copies /= hardware.cores  # every core copies all of it, each its own share of the copies
+        if copies < 2:
+            continue
+        rank = len(t.dims)
+        layout = Layout(dims=list(t.dims), bounds=[[padded[x]] * n for x in t.dims], inner_order=list(range(rank)),
+                        level_orders=[list(range(rank))] * (n - 1))
+        passes[site.tensor] = CacheSite(site.op, site.tensor, n - 1, None, False, layout)
+    return passes
+
+
+def plan_padding(workload: Workload, hardware: Hardware, orders, tiles) -> dict:
+    """padding_passes of a plan (its orders and own tiles, innermost level first)."""
+    padded, eff = effective_tiles(workload, tiles)
+    return padding_passes(workload, hardware, orders, eff, padded, input_caches(workload, orders, eff, padded),
+                          parallel_ops(workload, orders, tiles, hardware.cores))
+
+
+def _fills(workload: Workload, orders, tiles, padded, site) -> tuple[float, float]:
+    """(times the copy at `site` fills its buffer per call, elements of its block); `tiles`
+    effective (caches.effective_tiles)."""
+    index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
+    if site.key is None:
+        return 1.0, _prod(ix.extent(padded) for ix in index)
+    op = next(o for o in workload.ops if o.name == site.op)
+    positions = walk(workload, orders, op)
+    above = positions[: positions.index(site.key) + 1]
+    return _prod(trips(tiles, padded, x, j) for x, j in above), _prod(ix.span(tiles[site.level]) for ix in index)
+
+
 def handed_off(workload: Workload, hardware: Hardware, site, parallel, tiles, padded, nbytes: float,
                block: float) -> float:
     """Bytes of a packed buffer the busiest core reads that another core wrote, per call: a copy
@@ -298,7 +365,12 @@ def _copy_split(workload: Workload, site, padded, cores: int) -> tuple[str, int]
         count = max(b[0] // b[1], 1) if len(b) > 1 else 1
         if count > 1:
             return (x, -(-count // cores) * b[1]) if count >= cores else None
-    return None
+    if any(b[k] // b[k + 1] > 1 for b in (bounds[first:] for bounds in layout.bounds) for k in range(len(b) - 1)):
+        return None
+    # One block (a padding pass): the fused unit loops reach the block's outer loop inside.
+    x = layout.inner_order[0]
+    inner = layout.bounds[x][-1]
+    return (layout.dims[x], -(-inner // cores)) if inner >= cores else None
 
 
 def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padding: bool = False) -> tuple[float, float]:
@@ -412,7 +484,7 @@ def thrashed_bytes(workload: Workload, hardware: Hardware, site, elements: float
 def strided_inputs(workload: Workload, hardware: Hardware, orders, tiles, eff, padded, copied, split):
     """(tensor, row stride in bytes, bytes into L1, stride_stall share) of each input the
     micro-kernel reads in place (none of its caches copies it) a piece of a row at a time: its
-    vectorised dim is its last, its runs (contiguous_run; `split`: _parallel_positions) are
+    vectorised dim is its last, its runs (contiguous_run; `split`: parallel_ops) are
     shorter than its rows, and it is read more than once (read_once inputs stream from memory,
     charged by their runs). Only where the hierarchy has an L1 and the profile has stride_stall
     figures."""
@@ -610,7 +682,7 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
     return max([run(block), *whole])
 
 
-def _parallel_positions(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
+def parallel_ops(workload: Workload, orders, tiles, cores: int) -> dict[str, tuple[tuple[str, int], bool]]:
     """Per op, the position the backend runs in parallel (costmodel.parallel_loops) and whether
     the op enters it itself (a chain's producer may run inside the consumer's parallel loop)."""
     if cores < 2:

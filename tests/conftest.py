@@ -13,6 +13,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 # depend on whether the developer ran `tune hardware host --calibrate`, so they see an empty store.
 os.environ["CACHETILE_PROFILES"] = tempfile.mkdtemp(prefix="cachetile-test-profiles-")
 atexit.register(shutil.rmtree, os.environ["CACHETILE_PROFILES"], ignore_errors=True)
+# TVM sizes its thread pool once per process, from TVM_NUM_THREADS as the first build set it
+# (llvm_build.use_all_cores: that plan's cores). Two threads in every worker, whichever test
+# builds first there: the two-thread races tests/test_backend.py checks then always run on two.
+os.environ.setdefault("TVM_NUM_THREADS", "2")
 
 from cachetile.models.hardware import Hardware  # noqa: E402
 from cachetile.models.workload import builtin  # noqa: E402

@@ -807,7 +807,7 @@ def test_polish_narrows_a_band_the_prefetcher_cannot_follow():
     The band is several moves away from what the search finds (_band_moves): without them, a
     plan of 256-byte runs down 64-wide panels, predicted 1.8x slower."""
     from cachetile.models.caches import effective_tiles
-    from cachetile.models.kernel_costs import _parallel_positions, contiguous_run
+    from cachetile.models.kernel_costs import parallel_ops, contiguous_run
 
     gemm = builtin("gemm", {"m": 8, "n": 4096, "k": 4096})
     hw = Hardware(name="cpu", peak_flops=5e11, cores=2, vector_bytes=64, run_start_bytes=400.0,
@@ -822,7 +822,7 @@ def test_polish_narrows_a_band_the_prefetcher_cannot_follow():
     assert not any(c.tensor == "B" and not c.skipped_thrifty for c in plan.caches)  # read where it lies
     assert tiles[1]["k"] <= 32
     padded, eff = effective_tiles(gemm, tiles)
-    split = _parallel_positions(gemm, orders, tiles, hw.cores).get("gemm", (None,))[0]
+    split = parallel_ops(gemm, orders, tiles, hw.cores).get("gemm", (None,))[0]
     assert contiguous_run(gemm, orders, gemm.ops[0], "B", eff, padded, split, hw.cores) >= 2048
     assert plan.predicted_seconds <= make_plan(gemm, hw, [lv.order for lv in free.levels],
                                                [lv.tile for lv in free.levels]).predicted_seconds * (1 + 1e-9)

@@ -159,6 +159,9 @@ class Target:
     def plan_extras(self, workload: Workload, names: list[str], orders, tiles, stages: int):
         """What the plan document adds on this machine: (cache records, launch or None)."""
         from ..caches import plan_caches
+        from ..kernel_costs import plan_padding
 
-        cores = self.hardware.cores if self.hardware is not None else 1
-        return plan_caches(workload, names, orders, tiles, cores=cores), None
+        if self.hardware is None:
+            return plan_caches(workload, names, orders, tiles), None
+        padding = list(plan_padding(workload, self.hardware, orders, tiles).values())
+        return plan_caches(workload, names, orders, tiles, cores=self.hardware.cores, padding=padding), None
