@@ -79,6 +79,9 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     # Root copies are split over the cores only when the kernel itself runs in parallel: a kernel
     # too small to split pays no parallel region per copy either (models/kernel_costs.py).
     copy_cores = hardware.cores if parallel else 1
+    # An input whose copies would pay the padding's condition again at every refill is padded
+    # once, by a pass of its own at the root (kernel_costs.padding_passes).
+    passes = plan_padding(workload, hardware, orders, [lv.tile for lv in plan.levels])
     pipelined: list = []  # (cache, attach loop) to double-buffer
     for op in workload.ops:
         band = _row_band(sch, blocks[op.name], workload, op, tiles, nests, lanes)
@@ -88,13 +91,10 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.unroll(short)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, copy_cores, parallel_at, pipelined)
+                         nests, padded, lanes, copy_cores, parallel_at, pipelined, name in passes)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
                     parallel.get(op.name))
     _double_buffer(sch, pipelined)
-    # An input whose copies would pay the padding's condition again at every refill is padded
-    # once, by a pass of its own at the root (kernel_costs.padding_passes).
-    passes = plan_padding(workload, hardware, orders, [lv.tile for lv in plan.levels])
     inline_padding(sch, workload, padded, set(passes))
     for name, site in passes.items():
         _copy_loops(sch, sch.get_sblock(pad_name(name)), site.layout, site.level, lanes, copy_cores, padding=True)
@@ -279,11 +279,13 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, w
 
 
 def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, parallel_at,
-                 pipelined: list) -> None:
+                 pipelined: list, padded_apart: bool = False) -> None:
     """Cache the input at `sites`; with `parallel_at` (per op, the position run in parallel; None:
-    no double buffering) queue the copies caches.double_buffer_reason allows for pipelining."""
+    no double buffering) queue the copies caches.double_buffer_reason allows for pipelining.
+    `padded_apart`: the input's zero padding is a pass of its own (kernel_costs.padding_passes),
+    so its first copy reads the padded array without the padding's condition."""
     source = source_name(workload, sites[0].tensor, padded)
-    padding = source != sites[0].tensor
+    padding = source != sites[0].tensor and not padded_apart
     made = []
     for site in sites:  # outermost level first: each cache reads the one before
         if not site.skipped:

@@ -146,13 +146,12 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     for site in copies:
         first.setdefault((site.op, site.tensor), site)
     for site in copies:
-        fills, block = _fills(workload, orders, eff, padded, site)
+        above = _above(workload, orders, site)
+        fills, block = _fills(workload, eff, padded, site, above)
         op = next(o for o in workload.ops if o.name == site.op)
         if site.key is None:
             shared = root_shared
         else:
-            positions = walk(workload, orders, op)
-            above = positions[: positions.index(site.key) + 1]
             shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
@@ -282,12 +281,11 @@ def padding_passes(workload: Workload, hardware: Hardware, orders, tiles, padded
         piece = row_piece(site.layout)
         if piece is not None and piece >= lanes:
             continue
-        fills, block = _fills(workload, orders, tiles, padded, site)
+        above = _above(workload, orders, site)
+        fills, block = _fills(workload, tiles, padded, site, above)
         copies = fills * block / _prod(ix.extent(padded) for ix in workload.index(site.tensor))
-        op = next(o for o in workload.ops if o.name == site.op)
-        positions = walk(workload, orders, op)
-        split = parallel.get(op.name, (None,))[0]
-        if split in positions[: positions.index(site.key) + 1] and split[0] not in t.loops:
+        split = parallel.get(site.op, (None,))[0]
+        if split in above and split[0] not in t.loops:
             copies /= hardware.cores  # every core copies all of it, each its own share of the copies
         if copies < 2:
             continue
@@ -305,15 +303,20 @@ def plan_padding(workload: Workload, hardware: Hardware, orders, tiles) -> dict:
                           parallel_ops(workload, orders, tiles, hardware.cores))
 
 
-def _fills(workload: Workload, orders, tiles, padded, site) -> tuple[float, float]:
+def _above(workload: Workload, orders, site) -> list:
+    """The positions of the copy's op down to its key-slice, outermost first ([] at the root)."""
+    if site.key is None:
+        return []
+    positions = walk(workload, orders, next(o for o in workload.ops if o.name == site.op))
+    return positions[: positions.index(site.key) + 1]
+
+
+def _fills(workload: Workload, tiles, padded, site, above) -> tuple[float, float]:
     """(times the copy at `site` fills its buffer per call, elements of its block); `tiles`
-    effective (caches.effective_tiles)."""
+    effective (caches.effective_tiles), `above` _above's."""
     index = workload.index(site.tensor)  # an affine dim's block is the window its loops span
     if site.key is None:
         return 1.0, _prod(ix.extent(padded) for ix in index)
-    op = next(o for o in workload.ops if o.name == site.op)
-    positions = walk(workload, orders, op)
-    above = positions[: positions.index(site.key) + 1]
     return _prod(trips(tiles, padded, x, j) for x, j in above), _prod(ix.span(tiles[site.level]) for ix in index)
 
 
