@@ -105,14 +105,36 @@ class KernelCosts:
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
     # once, bytes written back from its buffer or cropped out of the padded output)
     outputs: list[tuple[str, float, float, float]] = field(default_factory=list)
+    # per link, weighted as stream_bytes: bytes the copies inside the loop nest (not at the root)
+    # read from their sources, which the links' DV counts as well (`relieved`)
+    read_bytes: list[float] = field(default_factory=list)
+    # per link: bytes of the copied inputs the FMA loops no longer move over it, since they read
+    # the buffer a copy inside the loop nest filled where it stays, at most the copy's bytes
+    relief: list[float] = field(default_factory=list)
+
+    def read_seconds(self, hardware: Hardware) -> float:
+        """Seconds the copies inside the loop nest spend reading their sources (read_bytes)."""
+        return sum(b / lv.bandwidth_bytes_per_s for b, lv in zip(self.read_bytes, hardware.levels))
+
+
+def home_level(hardware: Hardware, nbytes: float) -> int:
+    """The smallest level that holds `nbytes` (the number of levels when none does)."""
+    return next((i for i, lv in enumerate(hardware.levels) if lv.capacity_bytes >= nbytes), len(hardware.levels))
+
+
+def keeping_level(hardware: Hardware, nbytes: float, kept: bool = False) -> int:
+    """The smallest cache level that keeps `nbytes` among the rest of a kernel's data (the
+    target's cache_bytes, or with `kept` its kept_bytes; the number of levels when none does)."""
+    target, n = hardware.target, len(hardware.levels)
+    usable = target.kept_bytes if kept else target.cache_bytes
+    return next((i for i in range(1, n) if (usable(i) or 0) >= nbytes), n)
 
 
 def stream_level(hardware: Hardware, nbytes: float) -> int:
     """The level whose fill link streams `nbytes`: the one inside the smallest level that holds
     them (the outermost, filled from memory, when none does)."""
-    levels = hardware.levels
-    home = next((i for i, lv in enumerate(levels) if lv.capacity_bytes >= nbytes), len(levels))
-    return max(home - 1, 0) if home < len(levels) else len(levels) - 1
+    home, n = home_level(hardware, nbytes), len(hardware.levels)
+    return max(home - 1, 0) if home < n else n - 1
 
 
 def _prod(values) -> float:
@@ -126,7 +148,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     padded, eff = effective_tiles(workload, tiles)
     cores, elem = hardware.cores, workload.elem_bytes
     parallel = parallel_ops(workload, orders, tiles, cores)
-    costs = KernelCosts(copy_bytes=[0.0] * len(tiles), stream_bytes=[0.0] * len(tiles))
+    n = len(tiles)
+    costs = KernelCosts(copy_bytes=[0.0] * n, stream_bytes=[0.0] * n, read_bytes=[0.0] * n, relief=[0.0] * n)
 
     def stream(nbytes: float, footprint: float | None, shared: int = cores, level: int | None = None) -> float:
         """Seconds to stream `nbytes` of a `footprint`-byte array or buffer, kept per link (the
@@ -142,7 +165,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
 
     copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
     copies = [*padding_passes(workload, hardware, orders, eff, padded, copies, parallel).values(), *copies]
-    first = {}
+    first, spared = {}, {}
     for site in copies:
         first.setdefault((site.op, site.tensor), site)
     for site in copies:
@@ -158,7 +181,13 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
         source = workload.size(site.tensor) * elem
         before = list(costs.stream_bytes)
-        streamed = stream(nbytes, source, shared) + stream(nbytes, block * elem, shared)
+        if site.key is None:
+            streamed = stream(nbytes, source, shared)
+        else:
+            # Read where the links' DV would have read it: from the level that keeps the whole source.
+            streamed = stream(nbytes, None, shared, level=min(keeping_level(hardware, source, True), len(tiles)) - 1)
+            relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
+        streamed += stream(nbytes, block * elem, shared)
         costs.copy_seconds += streamed
         # The first copy of an input reads it through its zero padding (backends/tensorir.inline_padding).
         padding = site is first[site.op, site.tensor] and is_padded(workload, site.tensor, padded)
@@ -247,6 +276,28 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes, plans)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs
+
+
+def relieved(costs: KernelCosts, hardware: Hardware, tensor: str, nbytes: float, block: float,
+              before: list[float], spared: dict) -> None:
+    """Note what a copy inside the loop nest (`nbytes` of `tensor` into a `block`-byte buffer)
+    reads from its source (the stream_bytes added since `before`) and what it spares the links.
+
+    That copy reads the very refills the links' DV counts for the input at its level and above:
+    the FMA loops then read the buffer, which stays in the smallest level that holds it, so no
+    link from that level out (the L1's, at least: registers hold no buffer) carries the input
+    for them. The objective takes those links' time without these bytes, and the plan's time
+    falls by what that saves, at most the copies' reads (Objective.value): on the Intel Xeon of
+    BENCHMARKS.md, gemm 8x4096x1024 copying B in 74x128 blocks (B read twice) ran in 0.83 ms
+    where reading B in place ran in 0.45; charging both B's reads at the links and the copy's
+    reading of it had predicted 1.37 ms."""
+    for level, now in enumerate(costs.stream_bytes):
+        costs.read_bytes[level] += now - before[level]
+    spared = spared.setdefault(tensor, [0.0] * len(costs.relief))  # per tensor, per link: the relief so far
+    for level in range(keeping_level(hardware, block), len(costs.relief)):
+        if nbytes > spared[level]:  # an input copied at two levels is spared once, its larger copy
+            costs.relief[level] += nbytes - spared[level]
+            spared[level] = nbytes
 
 
 def padding_passes(workload: Workload, hardware: Hardware, orders, tiles, padded, sites, parallel) -> dict:

@@ -61,11 +61,21 @@ class Objective:
         """The arithmetic's share of the cost (0 when it does not count)."""
         return seconds if self.counts_compute else np.zeros_like(np.asarray(seconds, dtype=np.float64))
 
-    def value(self, compute, links, serial=0.0) -> tuple[np.ndarray, np.ndarray]:
+    def value(self, compute, links, serial=0.0, relief=None, reads=0.0) -> tuple[np.ndarray, np.ndarray]:
         """The cost of plans and the index of the level that sets it (-1: compute), plus the
-        serial seconds when they count. Vectorised."""
-        best, index = predicted_seconds(self.compute(compute), links, self.shares_issue, self.norm)
-        return (best + serial if self.counts_serial else best), index
+        serial seconds when they count. `relief` (per link, bytes) and `reads` (seconds): what
+        the copies inside the loop nest spare the links and spend reading their sources
+        (kernel_costs.relieved); those reads are the links' own bytes, so the cost falls by
+        what the links take less without those bytes, at most the reads. Vectorised."""
+        compute = self.compute(compute)
+        best, index = predicted_seconds(compute, links, self.shares_issue, self.norm)
+        if not self.counts_serial:
+            return best, index
+        if relief is not None:
+            fewer = [np.maximum(t - r / d, 0.0) for t, r, d in zip(links, relief, self.divisors)]
+            less, _ = predicted_seconds(compute, fewer, self.shares_issue, self.norm)
+            serial = serial - np.minimum(best - less, reads)
+        return best + serial, index
 
     def overlap(self, *terms):
         """Compute and link times (or what bounds them) combined as `value` combines them."""

@@ -80,10 +80,11 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     nests = tiles_nest(workload, tiles)  # tiles that do not nest are costed, but no backend emits them
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None
     serial = costs.seconds if costs else 0.0
+    relief, reads = (costs.relief, costs.read_seconds(hardware)) if costs else (None, 0.0)
     mu = [float(level_usage(workload, hardware, i, tiles[i], stages)) for i in range(len(hardware.levels))]
     charged = [float(d) for d in charged_dv(workload, hardware, dv, mu, orders, tiles)]
     links = objective.links(charged)
-    predicted, worst = objective.value(compute, links, serial)
+    predicted, worst = objective.value(compute, links, serial, relief, reads)
     expected = with_kernel_traffic(workload, hardware, orders, tiles, charged, costs)
     # The registers' link is charged in load slots (a broadcast costs a vector load, a reloaded
     # accumulator its store and load at the accumulators' bandwidth); reported, their DV is

@@ -86,7 +86,8 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> tuple[np.ndarray, list]:
     """The plan's terms on the base hardware, in the order the multipliers come: compute
     seconds, per-level DV (effective), per-level bytes its serial passes stream beside its
     copies, parallel regions entered, calls (1 when the target charges serial costs, else 0),
-    and the seconds its copies hand between cores (calibrated, kept as they are); and per copy,
+    the seconds its copies hand between cores (calibrated, kept as they are), and per-level bytes
+    its copies inside the loop nest read and spare the links (kernel_costs.relieved); and per copy,
     the bytes it streams per level and the seconds its loop issues (calibrated per vector and
     element, kept as they are), of which the longer counts (kernel_costs.overlaps)."""
     orders = [lp.order for lp in record.plan.levels]
@@ -99,10 +100,11 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> tuple[np.ndarray, list]:
     costs = hardware.target.kernel_costs(record.workload, orders, tiles, stages) \
         if tiles_nest(record.workload, tiles) else None
     if costs is None:
-        return np.array([compute, *dv, *[0.0] * len(dv), 0.0, 0.0, 0.0]), []
+        return np.array([compute, *dv, *[0.0] * len(dv), 0.0, 0.0, 0.0, *[0.0] * (2 * len(dv))]), []
     copies = [(np.array(nbytes), issued) for nbytes, issued in costs.overlaps]
     streamed = np.array(costs.stream_bytes) - sum((nbytes for nbytes, _ in copies), np.zeros(len(dv)))
-    return np.array([compute, *dv, *streamed, costs.regions, 1.0, costs.handoff_seconds]), copies
+    return np.array([compute, *dv, *streamed, costs.regions, 1.0, costs.handoff_seconds, *costs.read_bytes,
+                     *costs.relief]), copies
 
 
 def scaled(hardware: Hardware, peak: float, bandwidths: list[float], region: float = 1.0,
@@ -166,6 +168,7 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
     copy_issue = np.array([issued for plan in copies for _, issued in plan])
     compute, dv, streamed, regions, calls, handed = (terms[:, 0], terms[:, 1:1 + n], terms[:, 1 + n:1 + 2 * n],
                                                      terms[:, 1 + 2 * n], terms[:, 2 + 2 * n], terms[:, 3 + 2 * n])
+    read, relief = terms[:, 4 + 2 * n:4 + 3 * n], terms[:, 4 + 3 * n:]
     measured = np.log([r.measured_seconds for r in records])
     objective = time_objective(hardware)
     bandwidth = np.array([lv.bandwidth_bytes_per_s for lv in hardware.levels])
@@ -175,7 +178,9 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
         overlapped = np.bincount(owner, np.maximum((copy_bytes / links).sum(axis=1), copy_issue), len(records))
         serial = (streamed / links).sum(axis=1) + regions * hardware.parallel_region_seconds * np.exp(theta[1 + n]) \
             + calls * hardware.call_seconds * np.exp(theta[2 + n]) + handed + overlapped
-        predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial)
+        # the relief in bytes that the base bandwidths (the objective's divisors) turn into the scaled links' seconds
+        predicted, _ = objective.value(compute / np.exp(theta[0]), list((dv / links).T), serial,
+                                       list((relief / np.exp(theta[1:1 + n])).T), (read / links).sum(axis=1))
         return np.concatenate([np.log(predicted) - measured, RIDGE * theta])
 
     # Two starts: unchanged, and everything scaled by the median misprediction.

@@ -187,7 +187,7 @@ class _Search:
                 self.deadline.spend(sp.work(len(dv)))
         secs = np.minimum(raw, cap) / divisor
         if level == 0 and sp.hardware.cores > 1 and private_levels(sp.objective.caches):
-            pmax, psum, plinks = self._private_floor(outer_orders, outer_tiles, plevels)
+            pmax, psum, plinks, plevels = self._private_floor(outer_orders, outer_tiles, plevels)
         if at_top:
             secs = secs + memory_extra(sp.whole, sp.objective.caches, tile) / divisor  # as effective_dv
         self.evaluated += len(rows) * len(orders)
@@ -253,11 +253,15 @@ class _Search:
                 o, r = divmod(int(flat), n_rows)
                 plan_orders = (orders[o], *outer_orders)
                 tiles = (tuple(int(v) for v in rows[r]), *(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-                serial = sp.serial_seconds(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
+                serial, reads, relief = sp.serial_costs(plan_orders, [dict(zip(sp.loops, t)) for t in tiles])
                 if o not in costed:  # counted once per order, as when it was costed once per order:
                     costed.add(o)  # the work budget, and so the plans it reaches, stay as they were
                     self.deadline.spend(sp.work(levels=sp.n_levels))
-                key = (float(bound.flat[flat]) + serial, float(cmax.flat[flat]), float(csum.flat[flat]))
+                primary = float(bound.flat[flat]) + serial
+                if reads:  # copies inside the loop nest spare the links what they read (Objective.value)
+                    links = [float(secs[o, r]), *plevels]
+                    primary = float(sp.objective.value(float(compute[o, r]), links, serial, relief, reads)[0])
+                key = (primary, float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
         for n, flat in enumerate(keep):
@@ -300,7 +304,7 @@ class _Search:
                                     [outer_tiles[0], *outer_tiles]))
         private = private_levels(sp.objective.caches)
         links = [max(s, floor / sp.objective.divisors[j]) if j in private else s for j, s in enumerate(plevels, start=1)]
-        return max(links), sum(links), float(sp.objective.overlap(*links))
+        return max(links), sum(links), float(sp.objective.overlap(*links)), tuple(links)
 
 
 REGISTER_SEEDS = 6

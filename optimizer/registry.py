@@ -119,9 +119,11 @@ def score(space: Space, orders, tiles, serial: bool = True,
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.admits(tiles, orders)
-    predicted, _ = space.objective.value(compute_seconds(space.workload, hw, orders, tiles, space.stages), secs)
+    compute = compute_seconds(space.workload, hw, orders, tiles, space.stages)
+    predicted, _ = space.objective.value(compute, secs)
     if serial:
-        predicted = predicted + space.serial_seconds(orders, tiles, within=predicted <= bound)
+        seconds, reads, relief = space.serial_costs(orders, tiles, within=predicted <= bound)
+        predicted, _ = space.objective.value(compute, secs, seconds, relief, reads)
     return predicted, memmax, memsum, feasible
 
 

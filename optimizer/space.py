@@ -170,7 +170,7 @@ class Space:
     lower_bound: float = field(init=False)
     lanes: dict[str, int] = field(init=False)
     register_floor: float = field(init=False)
-    _serial: dict = field(init=False, repr=False, default_factory=dict)  # (orders, tiles) -> serial seconds
+    _serial: dict = field(init=False, repr=False, default_factory=dict)  # (orders, tiles) -> serial_costs' terms
     _levels: dict = field(init=False, repr=False, default_factory=dict)  # (level, its orders and tiles out) -> DV
     # level -> enumerate's floor table over this space's candidate grid, which every search
     # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
@@ -272,15 +272,18 @@ class Space:
             self._levels.update({keys[level]: d for level, d in zip(missing, dv)})
         return [self._levels[key] for key in keys]
 
-    def serial_seconds(self, orders, tiles, within=True) -> np.ndarray | float:
-        """The kernel's serial seconds (the target's kernel_costs) for plans sharing `orders`,
-        tiles scalars or arrays; 0 where the objective does not count them or tiles do not nest.
-        `within`: a mask (broadcast like the tiles) of the plans to cost; the others get inf."""
+    def serial_costs(self, orders, tiles, within=True) -> tuple:
+        """The kernel's serial seconds for plans sharing `orders` (the target's kernel_costs),
+        tiles scalars or arrays, with the seconds its copies inside the loop nest read and the
+        bytes they spare each link (Objective.value's `reads` and `relief`); 0 where the
+        objective does not count them or tiles do not nest. `within`: a mask (broadcast like the
+        tiles) of the plans to cost; the others get inf seconds."""
         if not self.objective.counts_serial:
-            return 0.0
+            return 0.0, 0.0, None
         shape = np.broadcast_shapes(np.shape(within), *[np.shape(t[x]) for t in tiles for x in self.loops])
         flat = [{x: np.broadcast_to(t[x], shape).ravel() for x in self.loops} for t in tiles]
-        out = np.full(int(np.prod(shape)), np.inf)
+        out = np.zeros((int(np.prod(shape)), 2 + self.n_levels))
+        out[:, 0] = np.inf
         for i in np.flatnonzero(np.broadcast_to(within, shape)):
             row = tuple(tuple(int(t[x][i]) for x in self.loops) for t in flat)
             key = (tuple(map(tuple, orders)), row)
@@ -288,9 +291,15 @@ class Space:
                 plan_tiles = [dict(zip(self.loops, r)) for r in row]
                 costs = (self.target.kernel_costs(self.workload, orders, plan_tiles, self.stages)
                          if tiles_nest(self.workload, plan_tiles) else None)
-                self._serial[key] = costs.seconds if costs else 0.0
+                self._serial[key] = ((costs.seconds, costs.read_seconds(self.hardware), *costs.relief) if costs
+                                     else (0.0,) * (2 + self.n_levels))
             out[i] = self._serial[key]
-        return out.reshape(shape) if shape else float(out[0])
+        terms = [column.reshape(shape) if shape else float(column[0]) for column in out.T]
+        return terms[0], terms[1], terms[2:]
+
+    def serial_seconds(self, orders, tiles, within=True) -> np.ndarray | float:
+        """The kernel's serial seconds alone (serial_costs)."""
+        return self.serial_costs(orders, tiles, within)[0]
 
     def work(self, rows: int = 1, levels: int = 1) -> float:
         """Units of search work (budget.py) of costing `rows` candidates over `levels` levels: a

@@ -12,7 +12,7 @@ from ..models.objective import Objective
 from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
 from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
-from .local import polish
+from .local import collapsed, polish
 from .registry import SOLVERS, Deadline, SolveResult, TopK, rescore
 from .space import Space
 
@@ -100,6 +100,10 @@ def tune(
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     plans = _polished(space, result.plans, deadline)[: top + 1]
+    again = collapsed(space, result.plans[0])
+    if again is not None:
+        again = rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK)))
+        plans = _polished(space, [*plans, again], None)[: top + 1]
     if register_tiles:
         # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
         # which a polish of its own may trade for another's.

@@ -85,6 +85,48 @@ def test_serial_seconds_add_to_the_overlapped_time():
     assert [lp.copy_bytes for lp in plan.levels] == costs.copy_bytes
 
 
+def test_a_copy_inside_the_loop_nest_reads_the_refills_the_links_would_carry():
+    """gemm 8x4096x1024 (a decode step) on 2 cores with the Intel Xeon's calibrated figures,
+    rounded: B read in place, copied block by block inside the loop nest (64x128 blocks, B read
+    twice since m is split in two at L3), or copied whole at the root. Measured side by side
+    there (BENCHMARKS.md): 0.45, 0.83 and 1.25 ms. A copy inside the loop nest reads exactly the
+    refills the links' DV counts for its input at its level (the simulator's), so the links
+    carry them once: without that, the blocks were predicted slower than the root copy."""
+    hw = Hardware(name="cpu", peak_flops=3.5e11, cores=2, vector_bytes=64, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1.9e13),
+        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=2.7e11, ways=12),
+        Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.5e10, ways=16),
+        Level(name="L3", capacity_bytes=64 << 20, bandwidth_bytes_per_s=2.75e10, ways=16)])
+    w = builtin("gemm", {"m": 8, "n": 4096, "k": 1024})
+    plans = {
+        "in place": ([["m", "n", "k"]] * 4, [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 8},
+                                              {"m": 8, "n": 32, "k": 8}, {"m": 8, "n": 2048, "k": 8}]),
+        "blocks": ([["n", "m", "k"], ["n", "k", "m"], ["m", "n", "k"], ["m", "n", "k"]],
+                   [{"m": 2, "n": 64, "k": 32}, {"m": 2, "n": 64, "k": 32}, {"m": 2, "n": 64, "k": 64},
+                    {"m": 4, "n": 128, "k": 64}]),
+        "root": ([["m", "n", "k"]] * 4, [{"m": 2, "n": 64, "k": 1}, {"m": 8, "n": 256, "k": 16},
+                                          {"m": 8, "n": 256, "k": 1024}, {"m": 8, "n": 4096, "k": 1024}]),
+    }
+    orders, tiles = plans["blocks"]
+    costs = kernel_costs(w, hw, orders, tiles)
+    assert [(t, level, nbytes, key) for t, level, nbytes, _, key in costs.copies] == [
+        (t, 3, simulate_dv(w, orders, tiles, 3, {t}), ("k", 3)) for t in ("A", "B")]
+    moved = simulate_dv(w, orders, tiles, 3, {"A", "B"})
+    # Both buffers (1 and 32 KiB) stay in L1: no link from L1 out carries A or B for the FMA loops.
+    assert costs.relief == [0.0, moved, moved, moved]
+    # A (32 KiB) is read from L1, B (16 MiB) from L3 over L2's link; both copies share the cores.
+    assert costs.read_bytes == [simulate_dv(w, orders, tiles, 3, {"A"}), 0.0, simulate_dv(w, orders, tiles, 3, {"B"}), 0.0]
+    plan = make_plan(w, hw, orders, tiles)
+    links = [lp.link_seconds for lp in plan.levels]
+    # The slowest link (B's refills from memory) is not charged beside the copy that reads them.
+    assert plan.predicted_seconds < plan.serial_seconds + max(links[1:])
+    assert plan.predicted_seconds >= plan.serial_seconds
+    predicted = {name: make_plan(w, hw, o, t).predicted_seconds for name, (o, t) in plans.items()}
+    assert predicted["in place"] < predicted["blocks"] < predicted["root"]
+    # A copy at the root fills the buffer the loops then read: it spares no link.
+    assert kernel_costs(w, hw, *plans["root"]).relief == [0.0] * 4
+
+
 def test_copies_take_the_longer_of_what_their_loops_issue_and_their_streams():
     """With the calibrated per-vector and per-element figures (one core), a copy takes the
     longer of what its loop issues at those figures and its streams' time; gemm 127x251x509's
