@@ -5,6 +5,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import XEON
 from simulator import simulate_dv
 from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
 
@@ -86,17 +87,12 @@ def test_serial_seconds_add_to_the_overlapped_time():
 
 
 def test_a_copy_inside_the_loop_nest_reads_the_refills_the_links_would_carry():
-    """gemm 8x4096x1024 (a decode step) on 2 cores with the Intel Xeon's calibrated figures,
-    rounded: B read in place, copied block by block inside the loop nest (64x128 blocks, B read
+    """gemm 8x4096x1024 (a decode step) on the Intel Xeon's calibrated bandwidths (conftest.XEON): B read in place, copied block by block inside the loop nest (64x128 blocks, B read
     twice since m is split in two at L3), or copied whole at the root. Measured side by side
     there (BENCHMARKS.md): 0.45, 0.83 and 1.25 ms. A copy inside the loop nest reads exactly the
     refills the links' DV counts for its input at its level (the simulator's), so the links
     carry them once: without that, the blocks were predicted slower than the root copy."""
-    hw = Hardware(name="cpu", peak_flops=3.5e11, cores=2, vector_bytes=64, levels=[
-        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1.9e13),
-        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=2.7e11, ways=12),
-        Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.5e10, ways=16),
-        Level(name="L3", capacity_bytes=64 << 20, bandwidth_bytes_per_s=2.75e10, ways=16)])
+    hw = XEON
     w = builtin("gemm", {"m": 8, "n": 4096, "k": 1024})
     plans = {
         "in place": ([["m", "n", "k"]] * 4, [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": 8},

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import memory_bound
+from conftest import XEON, memory_bound
 
 from cachetile.models.costmodel import data_volume, memory_usage
 from cachetile.models.plan import make_plan
@@ -369,22 +369,17 @@ def test_each_register_tile_starts_a_polish_with_a_budget_of_its_own(monkeypatch
 
 
 def test_tune_polishes_again_from_the_best_plan_with_its_middle_levels_collapsed():
-    """gemm 1000^3 on the Intel Xeon's calibrated bandwidths, rounded: the starts the search
+    """gemm 1000^3 on the Intel Xeon's calibrated bandwidths (conftest.XEON): the starts the search
     hands on polish to a plan predicted 6.33 ms, since single moves keep each level a multiple of
     the one inside it and the first moves grow the middle levels. From the best plan with L1 and
     L2 collapsed onto the register tile, the polish reaches one 2% faster (6.20 against 6.33 ms),
     which tune returns."""
-    from cachetile.models.hardware import Hardware, Level
     from cachetile.optimizer import budget
     from cachetile.optimizer.local import collapsed, polish
     from cachetile.optimizer.registry import rescore
     from cachetile.optimizer.tune import _polished
 
-    hw = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, levels=[
-        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=1.94e13),
-        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=2.72e11, ways=12),
-        Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.52e10, ways=16),
-        Level(name="L3", capacity_bytes=64 << 20, bandwidth_bytes_per_s=2.76e10, ways=16)])
+    hw = XEON
     w = builtin("gemm", {"m": 1000, "n": 1000, "k": 1000})
     space = Space(w, hw)
     found = SOLVERS["auto"](space, Deadline(60), 4)
