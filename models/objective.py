@@ -63,19 +63,25 @@ class Objective:
 
     def value(self, compute, links, serial=0.0, relief=None, reads=0.0) -> tuple[np.ndarray, np.ndarray]:
         """The cost of plans and the index of the level that sets it (-1: compute), plus the
-        serial seconds when they count. `relief` (per link, bytes) and `reads` (seconds): what
-        the copies inside the loop nest spare the links and spend reading their sources
-        (kernel_costs.relieved); those reads are the links' own bytes, so the cost falls by
-        what the links take less without those bytes, at most the reads. Vectorised."""
+        serial seconds when they count, less what the copies inside the loop nest spare the
+        links (`spared`). Vectorised."""
         compute = self.compute(compute)
         best, index = predicted_seconds(compute, links, self.shares_issue, self.norm)
         if not self.counts_serial:
             return best, index
-        if relief is not None:
-            fewer = [np.maximum(t - r / d, 0.0) for t, r, d in zip(links, relief, self.divisors)]
-            less, _ = predicted_seconds(compute, fewer, self.shares_issue, self.norm)
-            serial = serial - np.minimum(best - less, reads)
-        return best + serial, index
+        return best + serial - self.spared(compute, links, best, relief, reads), index
+
+    def spared(self, compute, links, best, relief=None, reads=0.0):
+        """What the copies inside the loop nest save of `best` (the plans' overlapped compute
+        and links): `relief` (per link, bytes) and `reads` (seconds) are what they spare the
+        links and spend reading their sources (kernel_costs.relieved). Those reads are the
+        links' own bytes, so the plans' time falls by what the links take less without those
+        bytes, at most the reads. Vectorised."""
+        if relief is None or not np.any(reads):
+            return 0.0
+        fewer = [np.maximum(t - r / d, 0.0) for t, r, d in zip(links, relief, self.divisors)]
+        less, _ = predicted_seconds(compute, fewer, self.shares_issue, self.norm)
+        return np.minimum(best - less, reads)
 
     def overlap(self, *terms):
         """Compute and link times (or what bounds them) combined as `value` combines them."""

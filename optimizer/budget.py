@@ -23,8 +23,12 @@ ROWS_PER_UNIT = 4000
 # 1024^3 GEMM in under a second, imports included. At 400 units (0.25-0.3 s on the AMD EPYC
 # Zen 4) the 17 shapes of bench/shapes.py plus gemm 256^3, 1024^3 and batch-gemm 8x512^3 got
 # the plans 700 units gave, to the predicted nanosecond; at 700, `tune gemm` 1024^3 took
-# 1.1-1.2 s there (BENCHMARKS.md "Plan time at 400 units").
-SEED_WORK = 400.0
+# 1.1-1.2 s there (BENCHMARKS.md "Plan time at 400 units"). With the collapsed start's polish
+# (COLLAPSED_WORK) after it, 300 units gave the 21 workloads of bench/shapes.py and
+# bench/fidelity.py the plans 400 gave, or ones predicted faster (bert-base ffn1 7.60 -> 7.33 ms,
+# which ran 8.87 -> 7.93 ms; its qkv 5.55 -> 5.51, which ran 6.00 -> 6.14), on the Intel Xeon
+# ("Relief session").
+SEED_WORK = 300.0
 # tune(register_tiles=n), for autotuning: the search around each register tile alone
 # (enumeration.per_register_tile), about 0.1 s each.
 REGISTER_TILE_WORK = 200.0
@@ -35,7 +39,9 @@ GPU_WORK = 2500.0
 # slice (about 0.3 s). A round of a convolution chain's polish costs about 300 units (its order
 # classes and the levels' re-tilings); 250 stopped MobileNet's dw+pw after one round, at a plan
 # predicted 14% slower than the next round's.
-POLISH_WORK = 500.0
+# With the collapsed start's polish (COLLAPSED_WORK) beside it, 400 gave the same plans as 500 on
+# the 21 workloads of bench/shapes.py and bench/fidelity.py, in 9% less time ("Relief session").
+POLISH_WORK = 400.0
 # tune: polishes of their own, each within POLISH_WORK, for the best candidates of this many
 # register tiles. A polish is a local search: the plan it ends at depends on where it starts
 # more than on how the start ranks (gemm 1000^3: from 8.24 ms predicted with 13x32 tiles it

@@ -119,11 +119,12 @@ def score(space: Space, orders, tiles, serial: bool = True,
         for x in space.loops:
             feasible &= (np.asarray(tiles[j][x]) >= 1) & space.legal(x, tiles[j][x], parent[x], j)
     feasible &= space.admits(tiles, orders)
-    compute = compute_seconds(space.workload, hw, orders, tiles, space.stages)
-    predicted, _ = space.objective.value(compute, secs)
+    objective = space.objective
+    compute = objective.compute(compute_seconds(space.workload, hw, orders, tiles, space.stages))
+    predicted, _ = objective.value(compute, secs)
     if serial:
         seconds, reads, relief = space.serial_costs(orders, tiles, within=predicted <= bound)
-        predicted, _ = space.objective.value(compute, secs, seconds, relief, reads)
+        predicted = predicted + seconds - objective.spared(compute, secs, predicted, relief, reads)
     return predicted, memmax, memsum, feasible
 
 
