@@ -324,12 +324,17 @@ def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
 
 def collapsed(space: Space, cand: Candidate) -> Candidate | None:
     """`cand` with every level between the register tile and the outermost collapsed onto the
-    register tile, scored; None where that is no feasible plan. A second start for the polish:
-    single moves keep each level a multiple of the one inside it, so a polish that first grows
-    the middle levels cannot shrink the outermost tile below them again. On gemm 1000^3 every
-    start the search returned polished to 6.60 ms predicted, this one to 6.29 (BENCHMARKS.md)."""
+    register tile, scored; None where that is no feasible plan, or where the hardware's figures
+    were not measured (Hardware.calibrated). A second start for the polish: single moves keep
+    each level a multiple of the one inside it, so a polish that first grows the middle levels
+    cannot shrink the outermost tile below them again. On gemm 1000^3 every start the search
+    returned polished to 6.60 ms predicted, this one to 6.29 (BENCHMARKS.md). It leads to plans
+    that stream the inner levels from the outermost cache, which the assumed figures overrate
+    (a fill of L2 from L3 2.7x the one calibration measured on the Intel Xeon): there, without a
+    profile, gemm 1000^3 and ViT's MLP got plans that ran 0.49 and 0.53x numpy, against 0.89 and
+    1.10 for the plans found without this start."""
     tiles = cand.tiles
-    if len(tiles) < 3:
+    if len(tiles) < 3 or not space.hardware.calibrated:
         return None
     start = Candidate(cand.orders, (tiles[0],) * (len(tiles) - 1) + (tiles[-1],), ())
     pred, mmax, msum, ok = score(space, start.orders, start.tile_dicts(space.loops))

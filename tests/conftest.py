@@ -27,7 +27,8 @@ NAMES = {"gemm": "mnk", "batch-gemm": "bmnk", "gemm-chain": "mlkn"}
 # The Intel Xeon (Emerald Rapids, 2 cores) of BENCHMARKS.md, its calibrated peak and fill
 # bandwidths rounded; the other figures are the defaults. Measurements quoted in tests that use
 # it were taken there.
-XEON = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, levels=[
+XEON = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, calibrated="2026-11-29T02:46:58+00:00",
+               levels=[
     {"name": "registers", "capacity_bytes": 2048, "bandwidth_bytes_per_s": 1.94e13},
     {"name": "L1", "capacity_bytes": 49152, "bandwidth_bytes_per_s": 2.72e11, "ways": 12},
     {"name": "L2", "capacity_bytes": 2 << 20, "bandwidth_bytes_per_s": 5.52e10, "ways": 16},
