@@ -117,11 +117,6 @@ class KernelCosts:
         return sum(b / lv.bandwidth_bytes_per_s for b, lv in zip(self.read_bytes, hardware.levels))
 
 
-def home_level(hardware: Hardware, nbytes: float) -> int:
-    """The smallest level that holds `nbytes` (the number of levels when none does)."""
-    return next((i for i, lv in enumerate(hardware.levels) if lv.capacity_bytes >= nbytes), len(hardware.levels))
-
-
 def keeping_level(hardware: Hardware, nbytes: float, kept: bool = False) -> int:
     """The smallest cache level that keeps `nbytes` among the rest of a kernel's data (the
     target's cache_bytes, or with `kept` its kept_bytes; the number of levels when none does)."""
@@ -133,8 +128,9 @@ def keeping_level(hardware: Hardware, nbytes: float, kept: bool = False) -> int:
 def stream_level(hardware: Hardware, nbytes: float) -> int:
     """The level whose fill link streams `nbytes`: the one inside the smallest level that holds
     them (the outermost, filled from memory, when none does)."""
-    home, n = home_level(hardware, nbytes), len(hardware.levels)
-    return max(home - 1, 0) if home < n else n - 1
+    levels = hardware.levels
+    home = next((i for i, lv in enumerate(levels) if lv.capacity_bytes >= nbytes), len(levels))
+    return max(home - 1, 0) if home < len(levels) else len(levels) - 1
 
 
 def _prod(values) -> float:
@@ -185,7 +181,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             streamed = stream(nbytes, source, shared)
         else:
             # Read where the links' DV would have read it: from the level that keeps the whole source.
-            streamed = stream(nbytes, None, shared, level=min(keeping_level(hardware, source, True), len(tiles)) - 1)
+            streamed = stream(nbytes, None, shared, level=keeping_level(hardware, source, True) - 1)
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
         costs.copy_seconds += streamed

@@ -257,11 +257,10 @@ class _Search:
                 if o not in costed:  # counted once per order, as when it was costed once per order:
                     costed.add(o)  # the work budget, and so the plans it reaches, stay as they were
                     self.deadline.spend(sp.work(levels=sp.n_levels))
-                primary = float(bound.flat[flat]) + serial
-                if reads:  # copies inside the loop nest spare the links what they read (Objective.value)
-                    links = [float(secs[o, r]), *plevels]
-                    primary = float(sp.objective.value(float(compute[o, r]), links, serial, relief, reads)[0])
-                key = (primary, float(cmax.flat[flat]), float(csum.flat[flat]))
+                best = float(bound.flat[flat])  # the plan's overlapped time, now that every level is fixed
+                # Copies inside the loop nest spare the links what they read (Objective.spared).
+                spared = sp.objective.spared(float(compute[o, r]), [float(secs[o, r]), *plevels], best, relief, reads)
+                key = (best + serial - float(spared), float(cmax.flat[flat]), float(csum.flat[flat]))
                 self.best.add(Candidate(plan_orders, tiles, key))
             return
         for n, flat in enumerate(keep):

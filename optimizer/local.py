@@ -356,8 +356,6 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     better bet for real code.
     """
     loops, n = space.loops, space.n_levels
-    # A search may rank its leaves without the copies' relief (Objective.value), which only lowers the key.
-    cand = rescore(space, cand)
     best, best_fill = cand, float(_fill(space, cand.tile_dicts(loops)))
     tried = False  # unpack moves (_unpack_moves)
     costed: dict = {}  # _order_key's

@@ -297,10 +297,6 @@ class Space:
         terms = [column.reshape(shape) if shape else float(column[0]) for column in out.T]
         return terms[0], terms[1], terms[2:]
 
-    def serial_seconds(self, orders, tiles, within=True) -> np.ndarray | float:
-        """The kernel's serial seconds alone (serial_costs)."""
-        return self.serial_costs(orders, tiles, within)[0]
-
     def work(self, rows: int = 1, levels: int = 1) -> float:
         """Units of search work (budget.py) of costing `rows` candidates over `levels` levels: a
         cost-model call's time grows with the terms it sums (each op's tensors times the loops),
