@@ -243,7 +243,7 @@ def register_weights(workload: Workload, hardware: Hardware | None) -> dict[tupl
 
 def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequence[int] | None = None,
                 hardware: Hardware | None = None, offset: int = 0, blocks=None, only=None,
-                weighted: bool = True) -> list[np.ndarray]:
+                weighted: bool = True, ops=None) -> list[np.ndarray]:
     """DV_l in bytes for each requested level (default: every level, innermost first).
 
     `orders` and `tiles` are those of the hardware's levels offset, offset+1, ...
@@ -255,7 +255,7 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
     outputs move as the block walk moves them). `blocks`: what loop_classes returned for
     these tiles and levels, when the caller costs several orders of the same tiles. `only`:
     count just these tensors. `weighted=False`: the registers' plain bytes, without those load
-    costs (what a plan reports as the level's DV).
+    costs (what a plan reports as the level's DV). `ops`: count just the ops of these names.
     """
     levels = range(len(orders)) if levels is None else levels
     blocks, counts = blocks or loop_classes(workload, tiles, min(levels))
@@ -269,7 +269,7 @@ def data_volume(workload: Workload, orders: Orders, tiles: Tiles, levels: Sequen
         w = weights if level + offset == 0 else None
         out_level = target.output_level(level + offset, len(orders) + offset)
         total = sum(op_volume(workload, op, orders, level, blocks, counts, w, local, out_level, only)
-                    for op in workload.ops)
+                    for op in workload.ops if ops is None or op.name in ops)
         dv.append(np.asarray(total, dtype=np.float64) * workload.elem_bytes)
     return dv
 

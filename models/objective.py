@@ -192,7 +192,7 @@ INNER_STEPS = 1
 
 def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
           steps: int | None = INNER_STEPS, caches: Sequence[int | None] | None = None,
-          crowded_apart: bool = False) -> Outermost:
+          crowded_apart: bool = False, each_op: bool = False) -> Outermost:
     """`outermost`, with the sweeps of every inner cache level's tile inside its parent tile (along
     its innermost `steps` split loops, None: every one): a cache that holds the tiles one trip of
     that loop walks keeps what the refill rule reloads at each step. (A chain's consumer walking
@@ -204,7 +204,8 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     `caches`: the bytes each
     level's cache keeps (default: the hardware's, Target.cache_bytes). `crowded_apart` (one plan,
     scalar tiles): each sweep also stands in with the crowding inputs kept only as far as their
-    sets hold them (grown_sweeps' `streamed`)."""
+    sets hold them (grown_sweeps' `streamed`). `each_op` (one plan, scalar tiles): a chain's
+    sweeps also stand in op by op (op_sweeps)."""
     from .crowding import crowding
 
     fits = [hardware.target.cache_bytes(i) for i in range(len(tiles))] if caches is None else list(caches)
@@ -219,7 +220,8 @@ def swept(workload, hardware: Hardware, whole: WholeProblem, orders, tiles,
     def sweeps(level: int, fit: int) -> list:
         args = (workload, hardware, level, orders[level:], tiles[level:], tiles[level + 1], fit, steps)
         apart = grown_sweeps(*args, streamed=crowd) if crowded_apart and crowd is not None else []
-        return [*grown_sweeps(*args, crowd), *apart]
+        mine = op_sweeps(*args[:-1], crowd) if each_op else []
+        return [*grown_sweeps(*args, crowd), *apart, *mine]
 
     return top._replace(inner={level: sweeps(level, fit) for level, fit in enumerate(fits[:-1]) if fit is not None})
 
@@ -387,6 +389,42 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
     return sweeps
 
 
+def op_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
+              crowd: Callable | None = None) -> list:
+    """A chain's sweeps taken op by op, for one plan (scalar tiles; [] for one op): each op's
+    blocks of `level`'s tile grown as grown_sweeps grows them, while they fit `fit` with the
+    crowded rows (`crowd`), as one (DV, MU) stand-in: each op moving the least its fitting tiles
+    move, and the largest of those tiles' blocks. The backend runs a producer's whole nest at the outermost level's last shared loop and
+    then the consumer's (models/kernel_costs.py's regions), so a cache keeps the tile of the op
+    running, whatever the other op's blocks would take. (Chain 2x97x113x64x64 in 9x24x64x8 L1
+    tiles on a 32 KiB L1: the consumer's 9-row block of C, 4.3 KiB, is refilled for each of its
+    8 column tiles by the refill rule, 0.76 MiB, while the producer's B takes 30 KiB, so the
+    tile grown for both fits nowhere; valgrind's L1 missed 1.93 MiB for the whole kernel, 0.73x
+    the 2.66 expected without this stand-in, 0.97x with it.)"""
+    from .costmodel import data_volume
+
+    if len(workload.ops) == 1:
+        return []
+    order, total, most = orders[0], 0.0, 0.0
+    for op in workload.ops:
+        names, grown, best = [*op.inputs, op.output], dict(tiles[0]), None
+        held = float(held_bytes(workload, grown, names))
+        while held <= fit:
+            moved = float(data_volume(workload, orders, [grown, *tiles[1:]], levels=[0], hardware=hardware,
+                                      offset=level, ops={op.name})[0])
+            if best is None or moved < best[0]:
+                best = (moved, held)
+            split = next((x for x in reversed(order) if grown[x] < parent[x]), None)
+            if split is None:
+                break
+            grown[split] = parent[split]  # the innermost loop still split, grown to the parent's extent
+            held = float(held_bytes(workload, grown, names) + (crowd(grown) if crowd else 0.0))
+        if best is None:  # not even the op's own blocks fit: no stand-in
+            return []
+        total, most = total + best[0], max(most, best[1])
+    return [(total, most)]
+
+
 def crowded_misses(level, crowded: Mapping[str, tuple], held: np.ndarray | float) -> dict[str, np.ndarray]:
     """Per input whose rows crowd a few sets of the cache `level` (crowding.crowding's `crowded`
     of a kept tile: rows, bytes per row's piece, share of the sets), the share of its reuses that
@@ -468,7 +506,7 @@ def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders,
     if caches is None:
         return effective_dv(dv, mu, time_objective(hardware).caches, whole, swept(workload, hardware, whole, orders, tiles))
     caches = tuple(caches)
-    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, None, caches, True))
+    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, None, caches, True, True))
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:

@@ -9,11 +9,14 @@ block's a and b).
 import itertools
 
 
-def simulate_dv(workload, orders, tiles, level, tensors=None):
-    """Bytes moved into `level` (0 = innermost), by walking the loops; only `tensors` when given."""
+def simulate_dv(workload, orders, tiles, level, tensors=None, ops=None):
+    """Bytes moved into `level` (0 = innermost), by walking the loops; only `tensors`, and only
+    the ops named in `ops`, when given."""
     n = len(orders)
     total = 0
     for op in workload.ops:
+        if ops is not None and op.name not in ops:
+            continue
         walk = [(j, y) for j in reversed(range(level, n)) for y in orders[j] if y in op.loops]
         io = [t for t in workload.moved_tensors(op, level, n - 1) if tensors is None or t in tensors]
         # block[y][j] = (start, size) of y's current level-j block; level n is the whole extent.

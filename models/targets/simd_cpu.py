@@ -76,14 +76,18 @@ STREAMS = 4
 # A working set that cycles through a cache whole (an outer level's tile, a sweep of the tiles
 # inside: models/objective.py's stand-ins) streams only its own lines between two uses, so the
 # cache keeps it with fewer ways left over than a plan's own tile, beside which the next tiles'
-# blocks stream. Measured with valgrind (bench/cachegrind.py's workloads, each plan and 3
-# alternatives simulated once, then costed with 2, 3 and 4 ways left over): on a 32 KiB 8-way
-# L1d, 41, 38 and 35 of 44 kernels within 25% of the expected bytes (Spearman 0.96, 0.91, 0.82);
-# on a 48 KiB 12-way one, 48, 42 and 40 of 50 (0.99, 0.97, 0.88). The time objective keeps
+# blocks stream: one, for the stack and what the loops keep besides. Measured with valgrind
+# (bench/cachegrind.py's workloads, each plan and 3 alternatives simulated once, then costed
+# with 2, 3 and 4 ways left over): on a 32 KiB 8-way L1d, 41, 38 and 35 of 44 kernels within 25%
+# of the expected bytes (Spearman 0.96, 0.91, 0.82); on a 48 KiB 12-way one, 48, 42 and 40 of 50
+# (0.99, 0.97, 0.88). With 1, the plan and 6 alternatives of each workload: 30 of 30 on the 48 KiB
+# L1d (2 ways: 29; the chain whose producer's sweep, 41 024 B, is 64 bytes over 10 ways missed
+# 0.61x the expected bytes) and 21 of 21 on the 32 KiB one (the same with 2 ways; BENCHMARKS.md,
+# "Op-sweep session"). The time objective keeps
 # the planner's share (STREAMS): with this one, its work-capped search returned plans predicted
 # up to 13% slower (gemm 1000^3: 9.85 ms against 8.74, found again with 6x the polish's work),
 # and the fidelity dumps re-ranked with it moved by +0.002 in mean Spearman (BENCHMARKS.md).
-KEPT_STREAMS = 2
+KEPT_STREAMS = 1
 
 
 def _usable_share(level, streams: int = STREAMS) -> float:
