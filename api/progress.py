@@ -13,6 +13,9 @@ from tqdm import tqdm
 
 Progress = Callable[[float, str], None]
 _STEPS = 1000  # the bar's resolution: fractions are rounded to 0.1%
+# No monitor thread: the bars are redrawn by their callbacks, and a process with a thread of its
+# own running does not fork its search's parts (optimizer/forked.py).
+tqdm.monitor_interval = 0
 
 
 @contextmanager

@@ -161,9 +161,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
 
     copies = [site for site in input_caches(workload, orders, eff, padded) if not site.skipped]
     copies = [*padding_passes(workload, hardware, orders, eff, padded, copies, parallel).values(), *copies]
-    first, spared = {}, {}
-    for site in copies:
-        first.setdefault((site.op, site.tensor), site)
+    first, spared = first_copies(copies), {}
     for site in copies:
         above = _above(workload, orders, site)
         fills, block = _fills(workload, eff, padded, site, above)
@@ -315,15 +313,13 @@ def padding_passes(workload: Workload, hardware: Hardware, orders, tiles, padded
     LLVM makes of the folded condition depends on the piece and the loops around it (a pack
     of 3-float pieces through it took 0.59 ns an element under 26-row tiles, 0.19 under 8-row
     ones, and 0.26 without it), which the model does not follow."""
-    passes = {}
+    passes, first = {}, first_copies(sites)
     lanes = hardware.target.vector_lanes(workload)
     n = len(tiles)
     for site in sites:
         t = workload.tensors[site.tensor]
         if (site.skipped or site.key is None or site.layout is None or site.tensor in passes or not t.plain
-                or not is_padded(workload, site.tensor, padded)):
-            continue
-        if next(s for s in sites if s.tensor == site.tensor and s.op == site.op and not s.skipped) is not site:
+                or not is_padded(workload, site.tensor, padded) or first[site.op, site.tensor] is not site):
             continue
         piece = row_piece(site.layout)
         if piece is not None and piece >= lanes:
@@ -341,6 +337,15 @@ def padding_passes(workload: Workload, hardware: Hardware, orders, tiles, padded
                         level_orders=[list(range(rank))] * (n - 1))
         passes[site.tensor] = CacheSite(site.op, site.tensor, n - 1, None, False, layout)
     return passes
+
+
+def first_copies(sites) -> dict:
+    """Per (op, input), the first of `sites` (caches.CacheSite, in the order given) that copies it."""
+    first = {}
+    for site in sites:
+        if not site.skipped:
+            first.setdefault((site.op, site.tensor), site)
+    return first
 
 
 def plan_padding(workload: Workload, hardware: Hardware, orders, tiles) -> dict:

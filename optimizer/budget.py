@@ -46,8 +46,9 @@ POLISH_WORK = 400.0
 # register tiles. A polish is a local search: the plan it ends at depends on where it starts
 # more than on how the start ranks (gemm 1000^3: from 8.24 ms predicted with 13x32 tiles it
 # reached 6.37, from 7.05 with 4x64 tiles 6.74). The first start takes the path it always took,
-# so the plan returned is never predicted slower than with one start. Searches mostly hand on
-# one register tile's plans; the second start then costs nothing.
+# so the plan returned is never predicted slower than with one start. The starts run side by side
+# on a machine with two cores or more (optimizer/forked.py); where the search hands on one register
+# tile's plans, the second start costs nothing.
 POLISH_STARTS = 2
 # enumeration.seeded: the greedy dive around the best register tile alone, when the joint passes
 # built their best plan on another. It took 35-60 units on the gemms of bench/shapes.py.

@@ -11,7 +11,7 @@ from ..models.hardware import Hardware
 from ..models.objective import Objective
 from ..models.plan import SolverInfo, TuneResult, make_plan
 from ..models.workload import Workload
-from . import auto, budget, enumeration, pyomo_solvers  # noqa: F401  (registers the solvers)
+from . import auto, budget, enumeration, forked, pyomo_solvers  # noqa: F401  (registers the solvers)
 from .local import collapsed, polish
 from .registry import SOLVERS, Deadline, SolveResult, TopK, rescore
 from .space import Space
@@ -99,11 +99,15 @@ def tune(
             raise SolverFailed(f"solver {solver!r} failed: {result.message}")
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
-    plans = _polished(space, result.plans, deadline)[: top + 1]
+    parts = _polish_parts(space, result.plans, deadline)
     again = collapsed(space, result.plans[0])
     if again is not None:
-        again = rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK)))
-        plans = _polished(space, [*plans, again], None)[: top + 1]
+        parts.append((budget.COLLAPSED_WORK, lambda: [
+            (-1, rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
+    polished = dict(pair for part in forked.run(parts) for pair in part)
+    plans = _ranked(space, [polished[i] for i in range(len(result.plans))])[: top + 1]
+    if again is not None:
+        plans = _ranked(space, [*plans, polished[-1]])[: top + 1]
     if register_tiles:
         # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
         # which a polish of its own may trade for another's.
@@ -122,18 +126,43 @@ def tune(
 
 
 def _polished(space: Space, cands, deadline: Deadline | None, starts: int | None = None) -> list:
-    """The candidates polished and rescored, canonical and distinct, best first. Those of the
-    first `starts` (default budget.POLISH_STARTS) register tiles, in rank order, each tile within
-    a budget.POLISH_WORK of its own (of `deadline`; None: as they are), the rest within the last
-    tile's. A polish is a local search, and where it ends depends on where it starts more than on
-    the start's rank."""
+    """The candidates polished (_polish_parts; `deadline` None: as they are) and rescored,
+    canonical and distinct, best first."""
+    if deadline is None:
+        return _ranked(space, cands)
+    polished = dict(pair for part in forked.run(_polish_parts(space, cands, deadline, starts)) for pair in part)
+    return _ranked(space, [polished[i] for i in range(len(cands))])
+
+
+def _polish_parts(space: Space, cands, deadline: Deadline, starts: int | None = None) -> list[forked.Part]:
+    """The polishes of the candidates, as independent parts (optimizer/forked.py), each giving
+    (index in `cands`, polished and rescored candidate) pairs: those of the first `starts` (default
+    budget.POLISH_STARTS) register tiles, in rank order, each tile within a budget.POLISH_WORK of
+    its own (of `deadline`), the rest within the last such tile's, one after the other. A polish
+    is a local search, and where it ends depends on where it starts more than on the start's rank."""
     starts = budget.POLISH_STARTS if starts is None else starts
-    out, budgets, last = TopK(len(cands), space), {}, None
+    groups: list[list] = []
+    owner: dict = {}  # register tile -> its group
+    for i, cand in enumerate(cands):
+        tile = cand.tiles[0]
+        if tile not in owner and len(owner) < starts:
+            owner[tile] = len(groups)
+            groups.append([])
+        groups[owner.get(tile, len(groups) - 1)].append((i, cand))
+
+    def part(group: list) -> forked.Part:
+        def compute() -> list:
+            work = Deadline(deadline.left(), budget.POLISH_WORK)
+            return [(i, rescore(space, polish(space, cand, work))) for i, cand in group]
+
+        return budget.POLISH_WORK, compute
+
+    return [part(group) for group in groups]
+
+
+def _ranked(space: Space, cands) -> list:
+    """The candidates canonical and distinct, best first (ties in the order given)."""
+    out = TopK(len(cands), space)
     for cand in cands:
-        if deadline is not None:
-            tile = cand.tiles[0]
-            if tile not in budgets and len(budgets) < starts:
-                budgets[tile] = last = Deadline(deadline.left(), budget.POLISH_WORK)
-            cand = rescore(space, polish(space, cand, budgets.get(tile, last)))
         out.add(cand)
     return out.items

@@ -396,3 +396,49 @@ def test_tune_polishes_again_from_the_best_plan_with_its_middle_levels_collapsed
     assert result.plan.predicted_seconds <= again.key[0] * (1 + 1e-9)
     assert result.plan.predicted_seconds == pytest.approx(make_plan(w, hw, [lp.order for lp in result.plan.levels],
                                                                     [lp.tile for lp in result.plan.levels]).predicted_seconds)
+
+
+def _two_cores():
+    from cachetile.optimizer import forked
+
+    if forked.cores() < 2:
+        pytest.skip("forked parts need two cores and no other Python threads")
+
+
+def test_forked_parts_spread_over_the_cores_and_come_back_in_order():
+    """optimizer/forked.py: the heaviest parts first, each onto the least loaded core, this process
+    taking the first core's share: with weights 400, 400 and 100 on two cores, the second part runs
+    in a child and the other two here. A part that fails in its child is computed here."""
+    import os
+
+    from cachetile.optimizer import forked
+
+    _two_cores()
+    here = os.getpid()
+    assert forked.run([(400, os.getpid), (400, os.getpid), (100, os.getpid)])[::2] == [here, here]
+    assert forked.run([(400, os.getpid), (400, os.getpid)])[1] != here
+
+    def fails_in_a_child():
+        if forked._in_child:
+            raise RuntimeError("only in the child")
+        return os.getpid()
+
+    assert forked.run([(1, lambda: "first"), (1, fails_in_a_child)]) == ["first", here]
+
+
+def test_polishes_forked_onto_two_cores_return_the_plans_of_one_after_the_other(monkeypatch):
+    """tune's polishes from two register tiles (each within its own work budget) in a child and in
+    this process: the same candidates, to the last bit of their keys, as on one core."""
+    from cachetile.optimizer import forked
+    from cachetile.optimizer.tune import _polished
+
+    _two_cores()
+    space, _, joint, both = _seeded_both_ways(monkeypatch, {"m": 300, "n": 300, "k": 300})
+    a, b = both.plans[0], next(c for c in joint.plans if c.tiles[0] != both.plans[0].tiles[0])
+    started = []
+    start = forked._start
+    monkeypatch.setattr(forked, "_start", lambda *args: started.append(1) or start(*args))
+    apart = _polished(space, [b, a], Deadline(60))
+    assert started == [1]
+    monkeypatch.setattr(forked, "cores", lambda: 1)
+    assert _polished(space, [b, a], Deadline(60)) == apart and started == [1]
