@@ -394,9 +394,10 @@ def op_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: M
     """A chain's sweeps taken op by op, for one plan (scalar tiles; [] for one op): each op's
     blocks of `level`'s tile grown as grown_sweeps grows them, while they fit `fit` with the
     crowded rows (`crowd`), as one (DV, MU) stand-in: each op moving the least its fitting tiles
-    move, and the largest of those tiles' blocks. The backend runs a producer's whole nest at the outermost level's last shared loop and
-    then the consumer's (models/kernel_costs.py's regions), so a cache keeps the tile of the op
-    running, whatever the other op's blocks would take. (Chain 2x97x113x64x64 in 9x24x64x8 L1
+    move, and the largest of those tiles' blocks. The backend runs a producer's whole nest at
+    the outermost level's last shared loop and then the consumer's (models/kernel_costs.py's
+    regions), so a cache keeps the tile of the op running, whatever the other op's blocks would
+    take. (Chain 2x97x113x64x64 in 9x24x64x8 L1
     tiles on a 32 KiB L1: the consumer's 9-row block of C, 4.3 KiB, is refilled for each of its
     8 column tiles by the refill rule, 0.76 MiB, while the producer's B takes 30 KiB, so the
     tile grown for both fits nowhere; valgrind's L1 missed 1.93 MiB for the whole kernel, 0.73x
@@ -506,7 +507,8 @@ def charged_dv(workload, hardware: Hardware, dv: Sequence, mu: Sequence, orders,
     if caches is None:
         return effective_dv(dv, mu, time_objective(hardware).caches, whole, swept(workload, hardware, whole, orders, tiles))
     caches = tuple(caches)
-    return effective_dv(dv, mu, caches, whole, swept(workload, hardware, whole, orders, tiles, None, caches, True, True))
+    one_plan = swept(workload, hardware, whole, orders, tiles, None, caches, crowded_apart=True, each_op=True)
+    return effective_dv(dv, mu, caches, whole, one_plan)
 
 
 def whole_problem(workload, hardware: Hardware) -> WholeProblem:

@@ -104,7 +104,7 @@ def tune(
     if again is not None:
         parts.append((budget.COLLAPSED_WORK, lambda: [
             (-1, rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
-    polished = dict(pair for part in forked.run(parts) for pair in part)
+    polished = _run(parts)
     plans = _ranked(space, [polished[i] for i in range(len(result.plans))])[: top + 1]
     if again is not None:
         plans = _ranked(space, [*plans, polished[-1]])[: top + 1]
@@ -130,8 +130,13 @@ def _polished(space: Space, cands, deadline: Deadline | None, starts: int | None
     canonical and distinct, best first."""
     if deadline is None:
         return _ranked(space, cands)
-    polished = dict(pair for part in forked.run(_polish_parts(space, cands, deadline, starts)) for pair in part)
+    polished = _run(_polish_parts(space, cands, deadline, starts))
     return _ranked(space, [polished[i] for i in range(len(cands))])
+
+
+def _run(parts: list[forked.Part]) -> dict:
+    """The polished candidates of the parts, by their index."""
+    return dict(pair for part in forked.run(parts) for pair in part)
 
 
 def _polish_parts(space: Space, cands, deadline: Deadline, starts: int | None = None) -> list[forked.Part]:
