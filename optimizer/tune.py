@@ -69,6 +69,8 @@ def tune(
     returned plans are costed on the hardware as always. `register_tiles`: on
     SIMD CPUs, the alternatives also hold the best plan found around each of the
     n best register tiles alone (for autotuning to measure across micro-kernels).
+    The polishes from different starts run side by side on the machine's cores, in forked
+    children where that is safe (optimizer/forked.py), with the plans they give one after another.
     Raises InvalidInput on bad arguments, Infeasible when nothing fits,
     NoPlanInTime when the time limit passes before any feasible plan is found,
     and SolverFailed when the solver itself fails.
