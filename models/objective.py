@@ -344,19 +344,20 @@ def private_fit(caches: Sequence[int | None]) -> int | None:
 
 
 def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
-                 steps: int | None = None, crowd: Callable | None = None, streamed: Callable | None = None) -> list:
+                 steps: int | None = None, crowd: Callable | None = None, streamed: Callable | None = None,
+                 op=None) -> list:
     """(DV, MU) of tiles[0] (the tile of `level`, walked by orders[0] inside `parent`; orders and
     tiles of the outer levels follow) grown to the parent's extent along its innermost one, two,
     ... loops still split, while one fits `fit` bytes (DV inf where it does not), its MU raised by
     `crowd` (the bytes its crowded rows take: crowding.crowding). With `streamed` instead (a
     crowding.crowding), the inputs whose rows crowd a few sets are kept only as far as those
-    sets hold them (crowded_misses), and the other tensors in the rest of the sets. Arrays
-    allowed."""
+    sets hold them (crowded_misses), and the other tensors in the rest of the sets. With `op`,
+    that op's refills alone, and its own blocks for MU (op_sweeps). Arrays allowed."""
     from .costmodel import data_volume, level_usage
 
     def moved(tile, outer, only=None):
         return data_volume(workload, [orders[0], *orders[1:]], [tile, *outer], levels=[0], hardware=hardware,
-                           offset=level, only=only)[0]
+                           offset=level, only=only, ops=None if op is None else {op.name})[0]
 
     # what each crowding input moves where it is not kept: its refills at tiles[0]
     own = {name: moved(tiles[0], tiles[1:], {name}) for name in (streamed.names if streamed else ())}
@@ -368,7 +369,8 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
             split = np.asarray(grown[x]) < parent[x]
             grown[x] = np.where(split & ~found, parent[x], grown[x])
             found = found | split
-        plain = level_usage(workload, hardware, level, grown)
+        plain = (level_usage(workload, hardware, level, grown) if op is None
+                 else held_bytes(workload, grown, [*op.inputs, op.output]))
         mu = plain + (crowd(grown) if crowd else 0.0)
         done = done | ~found | (mu > fit)
         if np.all(done):
@@ -392,37 +394,30 @@ def grown_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent
 def op_sweeps(workload, hardware: Hardware, level: int, orders, tiles, parent: Mapping, fit: int,
               crowd: Callable | None = None) -> list:
     """A chain's sweeps taken op by op, for one plan (scalar tiles; [] for one op): each op's
-    blocks of `level`'s tile grown as grown_sweeps grows them, while they fit `fit` with the
-    crowded rows (`crowd`), as one (DV, MU) stand-in: each op moving the least its fitting tiles
-    move, and the largest of those tiles' blocks. The backend runs a producer's whole nest at
-    the outermost level's last shared loop and then the consumer's (models/kernel_costs.py's
-    regions), so a cache keeps the tile of the op running, whatever the other op's blocks would
-    take. (Chain 2x97x113x64x64 in 9x24x64x8 L1
-    tiles on a 32 KiB L1: the consumer's 9-row block of C, 4.3 KiB, is refilled for each of its
-    8 column tiles by the refill rule, 0.76 MiB, while the producer's B takes 30 KiB, so the
-    tile grown for both fits nowhere; valgrind's L1 missed 1.93 MiB for the whole kernel, 0.73x
-    the 2.66 expected without this stand-in, 0.97x with it.)"""
+    blocks of `level`'s tile and its grown ones (grown_sweeps with `op`) while they fit `fit`
+    with the crowded rows (`crowd`), as one (DV, MU) stand-in: each op moving the least its
+    fitting tiles move, and the largest of those tiles' blocks. The backend runs a producer's
+    whole nest at the outermost level's last shared loop and then the consumer's
+    (models/kernel_costs.py's regions), so a cache keeps the tile of the op running, whatever
+    the other op's blocks would take. (Chain 2x97x113x64x64 in 9x24x64x8 L1 tiles on a 32 KiB
+    L1: the consumer's 9-row block of C, 4.3 KiB, is refilled for each of its 8 column tiles by
+    the refill rule, 0.76 MiB, while the producer's B takes 30 KiB, so the tile grown for both
+    fits nowhere; valgrind's L1 missed 1.93 MiB for the whole kernel, 0.73x the 2.66 expected
+    without this stand-in, 0.97x with it.)"""
     from .costmodel import data_volume
 
     if len(workload.ops) == 1:
         return []
-    order, total, most = orders[0], 0.0, 0.0
+    total, most = 0.0, 0.0
     for op in workload.ops:
-        names, grown, best = [*op.inputs, op.output], dict(tiles[0]), None
-        held = float(held_bytes(workload, grown, names))
-        while held <= fit:
-            moved = float(data_volume(workload, orders, [grown, *tiles[1:]], levels=[0], hardware=hardware,
-                                      offset=level, ops={op.name})[0])
-            if best is None or moved < best[0]:
-                best = (moved, held)
-            split = next((x for x in reversed(order) if grown[x] < parent[x]), None)
-            if split is None:
-                break
-            grown[split] = parent[split]  # the innermost loop still split, grown to the parent's extent
-            held = float(held_bytes(workload, grown, names) + (crowd(grown) if crowd else 0.0))
-        if best is None:  # not even the op's own blocks fit: no stand-in
+        held = float(held_bytes(workload, tiles[0], [*op.inputs, op.output]))
+        if held > fit:  # not even the op's own blocks fit: no stand-in
             return []
-        total, most = total + best[0], max(most, best[1])
+        own = float(data_volume(workload, orders, tiles, levels=[0], hardware=hardware, offset=level,
+                                ops={op.name})[0])
+        grown = grown_sweeps(workload, hardware, level, orders, tiles, parent, fit, crowd=crowd, op=op)
+        dv, mu = min([(own, held), *((float(d), float(m)) for d, m in grown if np.isfinite(d))], key=lambda o: o[0])
+        total, most = total + dv, max(most, mu)
     return [(total, most)]
 
 
