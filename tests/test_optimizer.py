@@ -314,10 +314,9 @@ def test_the_seeded_dive_goes_on_past_children_whose_register_tiles_are_all_refu
     w = builtin("gemm", {"m": 512, "n": 2304, "k": 768})
     space = Space(w, hw)
     found = seeded(space, Deadline(60), 1, cap=Deadline(60, budget.SEED_WORK))
-    assert len(found.plans) == 1
-    plan = found.plans[0]
-    tiles = plan.tile_dicts(space.loops)
-    assert hw.target.admits(w, tiles, 1, plan.orders)
+    assert 1 <= len(found.plans) <= 2  # the best-ranked register tile's dive may come along (seeded)
+    for plan in found.plans:
+        assert hw.target.admits(w, plan.tile_dicts(space.loops), 1, plan.orders)
 
 
 def _seeded_both_ways(monkeypatch, dims):
@@ -347,6 +346,29 @@ def test_the_best_register_tile_gets_a_dive_of_its_own_when_the_joint_passes_til
     assert both.plans[0].key[0] < 0.95 * joint.plans[0].key[0]
     assert rescore(space, both.plans[0]).key == pytest.approx(both.plans[0].key, rel=1e-12)
     assert both.evaluated > joint.evaluated
+
+
+def test_a_dive_ranked_behind_the_joint_passes_still_starts_a_polish(monkeypatch):
+    """gemm 1024^3 on the Intel Xeon's calibrated figures (conftest.XEON): the joint passes tile
+    for 4x64 register tiles, and the dive around the best-ranked one, 6x64, finds a plan ranked
+    behind theirs. It stays a start all the same, and tune polishes it to the plan it returns,
+    predicted faster than any the other starts reach (6.51 against 6.58 ms here; on the profile
+    the Xeon calibrated that day, 6.64 against 6.76 ms, which ran 7.13 against 7.94 ms)."""
+    from cachetile.optimizer import budget, enumeration
+    from cachetile.optimizer.registry import rank
+
+    w = builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})
+    space = Space(w, XEON)
+    first = tuple(int(v) for v in space.best_register_tiles(1)[0])
+    found = enumeration.seeded(space, Deadline(60), 4, cap=Deadline(60, budget.SEED_WORK))
+    assert found.plans[0].tiles[0] != first
+    assert found.plans[-1].tiles[0] == first and rank(found.plans[-1]) > rank(found.plans[0])
+    with monkeypatch.context() as patch:
+        patch.setattr(enumeration, "_dive", lambda *args: (None, 0))
+        without = tune(w, XEON).plan
+    plan = tune(w, XEON).plan
+    assert tuple(plan.levels[0].tile.values()) == first
+    assert plan.predicted_seconds < 0.995 * without.predicted_seconds
 
 
 def test_each_register_tile_starts_a_polish_with_a_budget_of_its_own(monkeypatch):
