@@ -428,17 +428,23 @@ def _two_cores():
 
 
 def test_forked_parts_spread_over_the_cores_and_come_back_in_order():
-    """optimizer/forked.py: the heaviest parts first, each onto the least loaded core, this process
-    taking the first core's share: with weights 400, 400 and 100 on two cores, the second part runs
-    in a child and the other two here. A part that fails in its child is computed here."""
+    """optimizer/forked.py: each core takes the heaviest part left whenever it is free, and the
+    results come back in the parts' order. With a slow heaviest part on two cores, the process
+    that took it (this one or the child) takes nothing else: the other runs the two light parts.
+    A part that fails in its child is computed here."""
     import os
+    import time
 
     from cachetile.optimizer import forked
 
+    def slow():
+        time.sleep(0.3)  # far longer than a fork: the other core is free first
+        return os.getpid()
+
     _two_cores()
     here = os.getpid()
-    assert forked.run([(400, os.getpid), (400, os.getpid), (100, os.getpid)])[::2] == [here, here]
-    assert forked.run([(400, os.getpid), (400, os.getpid)])[1] != here
+    pids = forked.run([(100, os.getpid), (400, slow), (100, os.getpid)])
+    assert pids[0] == pids[2] != pids[1] and here in pids
 
     def fails_in_a_child():
         if forked._in_child:
