@@ -39,3 +39,19 @@ def test_each_round_times_every_group_before_the_next_round_starts():
     assert all(sorted(order) == list(range(sizes[g])) for g, order in schedule)
     assert len({tuple(order) for g, order in schedule if g == 2}) > 1  # each round shuffles anew
     assert interleaved_schedule([2], rounds=2) == [(0, [0, 1]), (0, [0, 1])]  # no rng: as given
+
+
+def test_a_plan_spelled_by_bench_plans_reads_back_as_the_same_plan():
+    """bench/plans.py: the spelling it prints for a plan (innermost level first, m,n,k) parses back
+    to that plan's orders and tiles, with `|` as well as `/` between levels."""
+    from conftest import XEON
+    from plans import parse_plan, spelled
+
+    from cachetile import builtin, make_plan
+
+    w = builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})
+    text = "mnk:6,64,1/mnk:6,64,16/nkm:6,256,1024/mnk:1024,256,1024"
+    plan = make_plan(w, XEON, *parse_plan(text))
+    assert spelled(plan) == text.replace("/", " / ")
+    assert parse_plan(text.replace("/", " | ")) == parse_plan(spelled(plan))
+    assert parse_plan(text)[1][1] == {"m": 6, "n": 64, "k": 16}
