@@ -427,24 +427,31 @@ def _two_cores():
         pytest.skip("forked parts need two cores and no other Python threads")
 
 
-def test_forked_parts_spread_over_the_cores_and_come_back_in_order():
+def test_forked_parts_spread_over_the_cores_and_come_back_in_order(tmp_path):
     """optimizer/forked.py: each core takes the heaviest part left whenever it is free, and the
-    results come back in the parts' order. With a slow heaviest part on two cores, the process
-    that took it (this one or the child) takes nothing else: the other runs the two light parts.
+    results come back in the parts' order. The first part here ends only once the other two
+    have run (or after 20 s): on two cores the other process takes them both meanwhile. Fixed
+    shares by weight (400, 400, 100) would have queued the third behind the first.
     A part that fails in its child is computed here."""
     import os
     import time
 
     from cachetile.optimizer import forked
 
-    def slow():
-        time.sleep(0.3)  # far longer than a fork: the other core is free first
+    def light(name):
+        (tmp_path / name).touch()
+        return os.getpid()
+
+    def heavy():
+        end = time.monotonic() + 20
+        while not all((tmp_path / name).exists() for name in "ab") and time.monotonic() < end:
+            time.sleep(0.01)
         return os.getpid()
 
     _two_cores()
     here = os.getpid()
-    pids = forked.run([(100, os.getpid), (400, slow), (100, os.getpid)])
-    assert pids[0] == pids[2] != pids[1] and here in pids
+    pids = forked.run([(400, heavy), (400, lambda: light("a")), (100, lambda: light("b"))])
+    assert pids[1] == pids[2] != pids[0] and here in pids
 
     def fails_in_a_child():
         if forked._in_child:
