@@ -59,8 +59,9 @@ def run(parts: list[Part]) -> list:
 
 def _take(parts: list[Part], queue: int) -> dict:
     """The results of the parts this process takes from the queue until it is drained (a one-byte
-    read from a pipe takes one index whole, whichever process reads it); a part that fails
-    ends the taking here, and the results so far come back."""
+    read from a pipe takes one index whole, whichever process reads it). In a child, a part that
+    fails ends its taking and the results so far come back (the parent computes the rest); in
+    the parent, the failure is raised."""
     results = {}
     while index := os.read(queue, 1):
         i = index[0]
