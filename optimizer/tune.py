@@ -107,14 +107,12 @@ def tune(
         parts.append((budget.COLLAPSED_WORK, lambda: [
             (-1, rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
     polished = _run(parts)
-    plans = _ranked(space, [polished[i] for i in range(len(result.plans))])[: top + 1]
-    if again is not None:
-        plans = _ranked(space, [*plans, polished[-1]])[: top + 1]
+    plans = _ranked(space, [polished[i] for i in [*range(len(result.plans)), -1] if i in polished])[: top + 1]
     if register_tiles:
         # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
         # which a polish of its own may trade for another's.
         extra = _polished(space, enumeration.per_register_tile(space, deadline, register_tiles), deadline, starts=1)
-        plans = _polished(space, plans + extra, None)
+        plans = _ranked(space, plans + extra)
     costed = [make_plan(workload, hardware, c.orders, c.tile_dicts(space.loops), stages) for c in plans]
     return TuneResult(
         workload=workload,
@@ -127,11 +125,8 @@ def tune(
     )
 
 
-def _polished(space: Space, cands, deadline: Deadline | None, starts: int | None = None) -> list:
-    """The candidates polished (_polish_parts; `deadline` None: as they are) and rescored,
-    canonical and distinct, best first."""
-    if deadline is None:
-        return _ranked(space, cands)
+def _polished(space: Space, cands, deadline: Deadline, starts: int | None = None) -> list:
+    """The candidates polished (_polish_parts) and rescored, canonical and distinct, best first."""
     polished = _run(_polish_parts(space, cands, deadline, starts))
     return _ranked(space, [polished[i] for i in range(len(cands))])
 
