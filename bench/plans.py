@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kernels import llvm, time_interleaved  # noqa: E402
-from solve_times import table  # noqa: E402
+from solve_times import plan_spec, table  # noqa: E402
 
 
 def parse_plan(text: str) -> tuple[list[list[str]], list[dict[str, int]]]:
@@ -33,10 +33,6 @@ def parse_plan(text: str) -> tuple[list[list[str]], list[dict[str, int]]]:
         orders.append(list(order))
         tiles.append(dict(zip("mnk", map(int, sizes.split(",")))))
     return orders, tiles
-
-
-def spelled(plan) -> str:
-    return " / ".join("".join(lv.order) + ":" + ",".join(str(lv.tile[x]) for x in "mnk") for lv in plan.levels)
 
 
 def main() -> None:
@@ -66,7 +62,7 @@ def main() -> None:
         a @ b
         runs.append(time.perf_counter() - start)
     numpy = statistics.median(runs)
-    rows = [(spelled(p), f"{p.predicted_seconds * 1e3:.3f}", f"{statistics.median(t) * 1e3:.3f}",
+    rows = [(plan_spec(p, " / "), f"{p.predicted_seconds * 1e3:.3f}", f"{statistics.median(t) * 1e3:.3f}",
              f"{numpy / statistics.median(t):.2f}") for p, t in zip(plans, times)]
     print(f"gemm {m}x{n}x{k}, {args.rounds} rounds; numpy {numpy * 1e3:.3f} ms; hardware {hw.name}: {hw.source or ''}\n")
     print(table(("plan", "predicted ms", "measured ms", "kernel / numpy"), rows))

@@ -42,16 +42,17 @@ def test_each_round_times_every_group_before_the_next_round_starts():
 
 
 def test_a_plan_spelled_by_bench_plans_reads_back_as_the_same_plan():
-    """bench/plans.py: the spelling it prints for a plan (innermost level first, m,n,k) parses back
+    """bench/plans.py: the spelling it prints for a plan (solve_times.plan_spec) (innermost level first, m,n,k) parses back
     to that plan's orders and tiles, with `|` as well as `/` between levels."""
     from conftest import XEON
-    from plans import parse_plan, spelled
+    from plans import parse_plan
+    from solve_times import plan_spec
 
     from cachetile import builtin, make_plan
 
     w = builtin("gemm", {"m": 1024, "n": 1024, "k": 1024})
     text = "mnk:6,64,1/mnk:6,64,16/nkm:6,256,1024/mnk:1024,256,1024"
     plan = make_plan(w, XEON, *parse_plan(text))
-    assert spelled(plan) == text.replace("/", " / ")
-    assert parse_plan(text.replace("/", " | ")) == parse_plan(spelled(plan))
+    assert plan_spec(plan, " / ") == text.replace("/", " / ")
+    assert parse_plan(text.replace("/", " | ")) == parse_plan(plan_spec(plan, " / "))
     assert parse_plan(text)[1][1] == {"m": 6, "n": 64, "k": 16}
