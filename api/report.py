@@ -104,6 +104,8 @@ def format_hardware(hw: Hardware) -> str:
                          f"{_seconds(hw.copy_element_seconds)} (one core)")
         if hw.handoff_seconds:
             lines.append(f"  a buffer another core wrote costs {_seconds(hw.handoff_seconds * 1024)} more per KiB read")
+        if hw.shared_line_seconds:
+            lines.append(f"  an output line two cores write costs {_seconds(hw.shared_line_seconds)}")
         if hw.fma_chains:
             lines.append(f"  the FMA pipes need {hw.fma_chains:.1f} accumulator vectors in flight")
     if hw.source:
@@ -146,6 +148,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("packing copy, per element", "0 (streams only)", _seconds(profile.copy_element_seconds), "-"))
     if profile.handoff_seconds:
         rows.append(("handed between cores, per KiB", "0", "-", _seconds(profile.handoff_seconds * 1024)))
+    if profile.shared_line_seconds:
+        rows.append(("output line two cores write", "0", "-", _seconds(profile.shared_line_seconds)))
     if profile.fma_chains:
         rows.append(("accumulator chains needed", str(FMA_CHAINS), f"{profile.fma_chains:.1f}", "-"))
     rows.append(("parallel region", "0", "-", _seconds(profile.parallel_region_seconds)))

@@ -431,6 +431,44 @@ def handoff_seconds(threads: int, private_bytes: int, lanes: int) -> float:
     return max(other - own, 0.0) / (n * 4)
 
 
+SHARED_ROWS, SHARED_CHUNK = 256, 128  # rows of the arrays shared_line_seconds writes, columns per core
+
+
+def shared_line_seconds(threads: int, lanes: int) -> float:
+    """Seconds per cache line that two cores write in one call: SHARED_ROWS rows of `threads`
+    chunks of SHARED_CHUNK columns (the last five columns short, so that neither the chunks'
+    borders nor the rows' ends fall on a line) written a chunk per core, which shares a line at
+    each (models/sharing.shared_lines counts them), against the same chunks written a band of
+    rows per core, which shares none: the same runs of the same rows in the same order."""
+    import tvm
+    from tvm import te
+
+    from ..models.sharing import owner_changes, shared_lines
+
+    padded = threads * SHARED_CHUNK
+    width = padded - 5
+    X = te.placeholder((SHARED_ROWS, width), "float32", name="X")
+    Y = te.compute((SHARED_ROWS, width), lambda r, c: X[r, c] * 2.0, name="Y")
+    libs = []
+    for by_rows in (False, True):
+        sch = tvm.s_tir.Schedule(te.create_prim_func([X, Y]))
+        r, c = sch.get_loops(sch.get_sblock("Y"))
+        chunk, inside = sch.split(c, factors=[threads, SHARED_CHUNK])
+        if by_rows:
+            band, r = sch.split(r, factors=[threads, None])
+            sch.reorder(band, chunk, r, inside)
+            sch.parallel(band)
+        else:
+            sch.reorder(chunk, r, inside)
+            sch.parallel(chunk)
+        sch.vectorize(sch.split(inside, factors=[None, lanes])[1])
+        libs.append(tvm.compile(sch.mod, target=_target(threads)))
+    args = _tensors(np.ones((SHARED_ROWS, width), "float32"), np.zeros((SHARED_ROWS, width), "float32"))
+    shared, banded = (min(_median_seconds(lib, args) for _ in range(3)) for lib in libs)
+    lines = shared_lines([SHARED_ROWS, width], 1, owner_changes(width, SHARED_CHUNK, padded, threads), 4)
+    return max(shared - banded, 0.0) / lines
+
+
 def region_and_call_seconds(threads: int, outer: int = 2000, rounds: int = REGION_ROUNDS) -> tuple[float, float]:
     """Seconds per parallel loop entered from a serial loop around it, and per near-empty call.
 
@@ -572,7 +610,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 6  # and the reach's, once the sweep is done
+    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 7  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -629,10 +667,12 @@ def calibrate(progress: Progress | None = None) -> Profile:
         strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
     step("packing copies on 1 core")
     copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
-    handoff = None
+    handoff = sharing = None
     if cores > 1 and len(hw.levels) > 2:
         step(f"data handed between cores on {cores} cores")
         handoff = handoff_seconds(cores, hw.levels[-2].capacity_bytes, lanes) or None
+        step(f"output lines two cores write on {cores} cores")
+        sharing = shared_line_seconds(cores, lanes) or None
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
     notes = settle_all_cores(kernels, cores, vector_bytes, lambda: micro_kernel_runs(cores, lanes, k), step)
@@ -660,5 +700,5 @@ def calibrate(progress: Progress | None = None) -> Profile:
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
         band_stall=bands, stride_stall=strides, copy_vector_seconds=copy_vector,
-        copy_element_seconds=copy_element, handoff_seconds=handoff, fma_chains=chains, notes=notes,
+        copy_element_seconds=copy_element, handoff_seconds=handoff, shared_line_seconds=sharing, fma_chains=chains, notes=notes,
     )

@@ -115,6 +115,10 @@ class Hardware(BaseModel):
         description="CPU: seconds more per byte a core spends reading a buffer another core has just written "
                     "(dirty in that core's private cache) than one it wrote itself (kernel_costs.handed_off); "
                     "0 until calibrated")
+    shared_line_seconds: float = Field(
+        0.0, ge=0, allow_inf_nan=False,
+        description="CPU: seconds per cache line of an output that two cores write in one call, where the "
+                    "parallel loop's chunks meet inside the line (models/sharing.py); 0 until calibrated")
     calibrated: str | None = Field(None, description="when the figures were measured on this machine (tune hardware "
                                                      "--calibrate); none: they are documented assumptions")
     source: str | None = Field(None, exclude=True, description="where the figures come from (not serialised)")
@@ -337,6 +341,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
         **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),
         **({"handoff_seconds": profile.handoff_seconds} if profile.handoff_seconds else {}),
+        **({"shared_line_seconds": profile.shared_line_seconds} if profile.shared_line_seconds else {}),
         **({"fma_chains": profile.fma_chains} if profile.fma_chains else {}),
         "calibrated": profile.created,
         "source": f"/sys/devices/system/cpu (caches), calibrated on {profile.created} in {profile.seconds:.0f} s"

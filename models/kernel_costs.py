@@ -33,6 +33,9 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   the cores) or above the parallel loop (on one core) is read in the parallel
   loop's chunks, and what a core reads that another wrote comes from that
   core's private cache (`handed_off`, calibrated per byte);
+- output lines written by two cores: where the parallel loop's chunks of an
+  output meet inside a cache line, the line moves between the cores'
+  private caches (sharing.py, calibrated per line);
 - parallel regions: the parallel loop is entered once per iteration of the
   loops around it (in a fused chain, a producer's own parallel loop sits inside
   the consumer's serial loops), each entry costing the thread pool's wake-up;
@@ -61,6 +64,7 @@ from .costmodel import compute_seconds, data_volume, parallel_candidates, parall
 from .crowding import set_share
 from .hardware import Hardware
 from .profile import RUN_BYTES, SHORT_RUN_BYTES
+from .sharing import output_shared_lines
 from .workload import Workload
 
 
@@ -72,7 +76,7 @@ class KernelCosts:
     copy_seconds: float = 0.0
     # per level: bytes the copies and zeroing stream over the link filling it, weighted as
     # copy_seconds weighs them (a copy made on one core counts `cores` times), so copy_seconds is
-    # sum(stream_bytes[l] / bandwidth_l) + issue_seconds + handoff_seconds: what a refit of the bandwidths rescales
+    # sum(stream_bytes[l] / bandwidth_l) + issue_seconds + handoff_seconds + sharing_seconds: what a refit of the bandwidths rescales
     # is the first part, and with it issue_seconds, the part of each copy's issue beyond its streams (overlaps)
     stream_bytes: list[float] = field(default_factory=list)
     # (tensor, level it is packed at, bytes copied, bytes of its buffer, the loop position it is
@@ -100,6 +104,9 @@ class KernelCosts:
     # bytes the busiest core reads of what another core wrote)
     handoffs: list[tuple[str, float]] = field(default_factory=list)
     handoff_seconds: float = 0.0  # the part of copy_seconds those take (calibrated, not a link's: no refit rescales it)
+    # outputs whose cache lines two cores write (sharing.output_shared_lines): (tensor, lines per call)
+    shared_lines: list[tuple[str, float]] = field(default_factory=list)
+    sharing_seconds: float = 0.0  # the part of copy_seconds those take (calibrated, like handoff_seconds)
     # copies whose narrow pieces' rows thrash L1 (thrashed_bytes): (tensor, bytes L1 fetches again)
     thrashed: list[tuple[str, float]] = field(default_factory=list)
     # outputs accumulated across a reduction: (tensor, bytes zeroed, bytes of the block zeroed at
@@ -267,6 +274,10 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             block = _prod(holder_block(workload, orders, op, eff, padded, plan.holder)) * elem
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += stream(size, block) + stream(2 * size, size)
+    if hardware.shared_line_seconds:
+        costs.shared_lines = output_shared_lines(workload, orders, eff, padded, parallel, cores)
+        costs.sharing_seconds = sum(lines for _, lines in costs.shared_lines) * hardware.shared_line_seconds
+        costs.copy_seconds += costs.sharing_seconds
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes, plans)
     costs.seconds = costs.copy_seconds + costs.regions * hardware.parallel_region_seconds + hardware.call_seconds
     return costs

@@ -135,6 +135,11 @@ class Profile(BaseModel):
         None, gt=0, allow_inf_nan=False,
         description="seconds more per byte one core spends reading what another core has just written than "
                     "reading its own (a quarter of its private cache each); none in older profiles or on one core")
+    shared_line_seconds: float | None = Field(
+        None, gt=0, allow_inf_nan=False,
+        description="seconds per cache line that two cores write in one call (rows split between the cores "
+                    "at a boundary inside a line) beyond the same rows split on lines; none in older profiles "
+                    "or on one core")
     fma_chains: float | None = Field(
         None, gt=0, allow_inf_nan=False,
         description="accumulator vectors the FMA pipes need in flight, from a register tile of FMA_CHAINS "

@@ -103,7 +103,8 @@ def _terms(hardware: Hardware, record: MeasuredPlan) -> tuple[np.ndarray, list]:
         return np.array([compute, *dv, *[0.0] * len(dv), 0.0, 0.0, 0.0, *[0.0] * (2 * len(dv))]), []
     copies = [(np.array(nbytes), issued) for nbytes, issued in costs.overlaps]
     streamed = np.array(costs.stream_bytes) - sum((nbytes for nbytes, _ in copies), np.zeros(len(dv)))
-    return np.array([compute, *dv, *streamed, costs.regions, 1.0, costs.handoff_seconds, *costs.read_bytes,
+    return np.array([compute, *dv, *streamed, costs.regions, 1.0,
+                     costs.handoff_seconds + costs.sharing_seconds, *costs.read_bytes,
                      *costs.relief]), copies
 
 

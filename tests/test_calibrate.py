@@ -28,7 +28,8 @@ def _profile(key: str) -> Profile:
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
                    run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
-                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, fma_chains=9.5)
+                   copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, shared_line_seconds=3e-8,
+                   fma_chains=9.5)
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -55,6 +56,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert "packing copies issue a vector per 1.2 ns, a single element per 0.3 ns (one core)" in format_hardware(hw)
     assert (hw.handoff_seconds, assumed.handoff_seconds) == (1e-10, 0.0)
     assert "a buffer another core wrote costs 102.4 ns more per KiB read" in format_hardware(hw)
+    assert (hw.shared_line_seconds, assumed.shared_line_seconds) == (3e-8, 0.0)
+    assert "an output line two cores write costs 30 ns" in format_hardware(hw)
     assert (hw.fma_chains, assumed.fma_chains) == (9.5, None)
     assert "the FMA pipes need 9.5 accumulator vectors in flight" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
@@ -255,6 +258,9 @@ def test_calibrate_from_the_command_line(tmp_path):
     # or cores shared with another busy process, as under the test suite's other workers).
     assert profile.handoff_seconds is None or 0 < profile.handoff_seconds < 1e-9
     assert profile.cores > 1 or profile.handoff_seconds is None
+    # A line two cores write moves between their caches: 30-40 ns on the Xeon, under 1 us anywhere.
+    assert profile.shared_line_seconds is None or 0 < profile.shared_line_seconds < 1e-6
+    assert profile.cores > 1 or profile.shared_line_seconds is None
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)
