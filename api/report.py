@@ -99,6 +99,8 @@ def format_hardware(hw: Hardware) -> str:
             lines.append(f"  stall on rows read in turn, by band, of their stream: {_bands(hw.band_stall)}")
         if hw.stride_stall:
             lines.append(f"  stall on rows read in place, by stride, of their L1 link time: {_reach(hw.stride_stall)}")
+        if hw.fed_share:
+            lines.append(f"  register tiles fed from L2, share of peak by width: {_widths(hw.fed_share)}")
         if hw.copy_vector_seconds or hw.copy_element_seconds:
             lines.append(f"  packing copies issue a vector per {_seconds(hw.copy_vector_seconds)}, a single element per "
                          f"{_seconds(hw.copy_element_seconds)} (one core)")
@@ -143,6 +145,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("stall by band of rows", "none", "-", _bands(profile.band_stall)))
     if profile.stride_stall:
         rows.append(("stall by row stride", "none", "-", _reach(profile.stride_stall)))
+    if profile.fed_share:
+        rows.append(("fed from L2, by tile width", "all alike", "-", _widths(profile.fed_share)))
     if profile.copy_vector_seconds and profile.copy_element_seconds:
         rows.append(("packing copy, per vector", "0 (streams only)", _seconds(profile.copy_vector_seconds), "-"))
         rows.append(("packing copy, per element", "0 (streams only)", _seconds(profile.copy_element_seconds), "-"))
@@ -160,6 +164,10 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
 
 def _reach(points) -> str:
     return ", ".join(f"{_bytes(size)} {100 * share:.0f}%" for size, share in points)
+
+
+def _widths(points) -> str:
+    return ", ".join(f"{vectors:.0f} vector{'s' if vectors != 1 else ''} {100 * share:.0f}%" for vectors, share in points)
 
 
 def _bands(points) -> str:

@@ -51,6 +51,10 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
   timed in turn on all cores: what each stride adds, as a share of the L1
   link's time for B's bytes (the profile's stride_stall);
+- micro-kernels one, two and four vectors wide, their A packed (a k step's
+  rows side by side), with both panels in L1 and then streaming from L2, timed
+  in turn on all cores: each width's share of its L1-fed rate, over the best
+  width's (the profile's fed_share);
 - a packing copy on one core, of COPY_ROWS rows of COPY_WIDTH floats (in L2)
   into blocks COPY_SIDE columns wide, as the LLVM backend emits one: keeping
   the rows innermost, vectorised (seconds per vector), and storing them across
@@ -60,6 +64,9 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   cache's size, then each reads its neighbour's (or, timed in turn, its own):
   the time more per byte is what a packed buffer costs a core that did not
   write it (kernel_costs.handed_off);
+- rows of an output split between the cores inside cache lines, against the
+  same rows split on bands of rows: the time per line that two cores write
+  (models/sharing.py);
 - entering a parallel loop, from a serial loop around it: what the fused
   chains pay per producer block;
 - one kernel call that does almost nothing.
@@ -114,6 +121,13 @@ REGION_ROUNDS = 7  # pairs of the region loop timed with and without its paralle
 # BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
 STRIDE_SPREADS = (4, 8, 12)
 STRIDE_ROUNDS = 5
+# (rows, vectors) of the packed micro-kernels fed_shares times: one, two and four vectors wide, 16
+# accumulators each (enough chains on every machine measured).
+FED_TILES = ((16, 1), (8, 2), (4, 4))
+FED_ROUNDS = 5
+# Shares above this are 1: on the Intel Xeon of BENCHMARKS.md, three runs gave the two- and four-vector
+# tiles 0.977-1.0 in turn (which one led changed), the one-vector tile 0.76-0.82.
+FED_NOISE = 0.97
 # The packing copy's source: rows of an odd length (a 1024-float row puts a block's column in one
 # L1 set: 2.8 ns per element on the Zen 4 against 0.3 at 1000), 250 KB in all.
 COPY_ROWS, COPY_WIDTH, COPY_SIDE = 64, 1000, 64
@@ -204,10 +218,13 @@ def settle_all_cores(kernels: dict, cores: int, vector_bytes: int, retime: Calla
             "have shared a core while calibrating (calibrate again when the machine is quiet)"]
 
 
-def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spills: int = 0, width: int = 0):
+def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spills: int = 0, width: int = 0,
+                 packed: bool = False):
     """micro_kernel_seconds' kernel, compiled, with its arguments, flops and k steps. With `width`
     wider than the tiles' columns, B's rows are that many floats apart and the kernel reads the
-    first columns of each (an unpacked B whose panel is narrower than its rows)."""
+    first columns of each (an unpacked B whose panel is narrower than its rows). `packed`: A's
+    rows side by side at each k step, as a packed panel holds them (one stream), instead of A's
+    rows one after the other (a stream per row)."""
     import tvm
     from tvm import te
 
@@ -215,10 +232,11 @@ def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spil
     cols = vectors * lanes * tiles
     reps = max(1, int(FLOPS_PER_CALL / (threads * 2 * rows * cols * k)))
     width = max(width, cols)
-    A = te.placeholder((threads, rows, k), "float32", name="A")
+    A = te.placeholder((threads, k, rows) if packed else (threads, rows, k), "float32", name="A")
     B = te.placeholder((threads, k, width), "float32", name="B")
     r, kk = te.reduce_axis((0, reps), name="r"), te.reduce_axis((0, k), name="k")
-    C = te.compute((threads, rows, cols), lambda t, i, j: te.sum(A[t, i, kk] * B[t, kk, j], axis=[r, kk]), name="C")
+    a = (lambda t, i: A[t, kk, i]) if packed else (lambda t, i: A[t, i, kk])
+    C = te.compute((threads, rows, cols), lambda t, i, j: te.sum(a(t, i) * B[t, kk, j], axis=[r, kk]), name="C")
     sch = tvm.s_tir.Schedule(te.create_prim_func([A, B, C]))
     block = sch.get_sblock("C")
     t, i, j, rr, k_ = sch.get_loops(block)
@@ -226,7 +244,7 @@ def micro_kernel(threads: int, rows: int, vectors: int, lanes: int, k: int, spil
     sch.reorder(t, rr, k_, jt, i, jo, ji)
     lib = _per_thread_accumulators(sch, block, t, rr, [i, jo], ji, threads, "global" if spills > 1 else "local")
     rng = np.random.default_rng(0)
-    args = _tensors(rng.random((threads, rows, k), "float32"), rng.random((threads, k, width), "float32"),
+    args = _tensors(rng.random([int(d) for d in A.shape], "float32"), rng.random((threads, k, width), "float32"),
                     np.zeros((threads, rows, cols), "float32"))
     return lib, args, threads * reps * 2.0 * rows * cols * k, threads * reps * k * tiles
 
@@ -240,6 +258,24 @@ def seconds_in_turn(kernels, rounds: int) -> list[float]:
         for seconds, (lib, args, *_) in zip(times, kernels):
             seconds.append(_median_seconds(lib, args, repeat=3))
     return [statistics.median(t) for t in times]
+
+
+def fed_shares(threads: int, lanes: int, l1_bytes: int, l2_bytes: int, rounds: int = FED_ROUNDS) -> list[tuple[float, float]]:
+    """(vectors across the tile, share) for the packed micro-kernels of FED_TILES: each one's rate
+    with its panels streaming from L2 (a third of L2 deep) over its rate with them in L1 (a third
+    of L1), over the best such ratio of them all, so the width that keeps its rate best counts 1
+    (the loss they all share is the L1 link's, which the model overlaps with compute). The
+    kernels are timed in turn in each of `rounds` rounds; a share within FED_NOISE of 1 is 1."""
+    runs = []
+    for rows, vectors in FED_TILES:
+        step = (rows + vectors * lanes) * 4  # bytes of both panels one k step reads
+        runs += [micro_kernel(threads, rows, vectors, lanes, max(16, size // 3 // step), packed=True)
+                 for size in (l1_bytes, l2_bytes)]
+    times = seconds_in_turn(runs, rounds)
+    rates = [run[2] / t for run, t in zip(runs, times)]
+    kept = [fed / held for held, fed in zip(rates[::2], rates[1::2])]
+    shares = [share / max(kept) for share in kept]
+    return [(float(vectors), 1.0 if share >= FED_NOISE else share) for (_, vectors), share in zip(FED_TILES, shares)]
 
 
 def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=STRIDE_SPREADS,
@@ -610,7 +646,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 7  # and the reach's, once the sweep is done
+    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 8  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -665,6 +701,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
         strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
+    fed = None
+    if len(hw.levels) > 2:
+        step(f"register tiles fed from L2 on {cores} core(s)")
+        fed = fed_shares(cores, lanes, hw.levels[1].capacity_bytes, hw.levels[2].capacity_bytes)
     step("packing copies on 1 core")
     copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
     handoff = sharing = None
@@ -699,6 +739,6 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        band_stall=bands, stride_stall=strides, copy_vector_seconds=copy_vector,
+        band_stall=bands, stride_stall=strides, fed_share=fed, copy_vector_seconds=copy_vector,
         copy_element_seconds=copy_element, handoff_seconds=handoff, shared_line_seconds=sharing, fma_chains=chains, notes=notes,
     )

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput, one_line_errors
-from .profile import BandPoints, Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
+from .profile import BandPoints, FedPoints, Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
 from .workload import Dtype
 
 
@@ -99,6 +99,10 @@ class Hardware(BaseModel):
                           "its rows that far apart, stalls for beside a contiguous read, as a share of the L1 fill "
                           "link's time for the bytes it reads (kernel_costs.stride_stall); none until calibrated: "
                           "no stall")
+    fed_share: FedPoints = Field(
+        None, description="SIMD CPU: per register tile width in vectors (increasing), the share of peak its FMA loop "
+                          "reaches once its panels stream from L2 (simd_cpu.fed_share); none until calibrated: "
+                          "every width alike")
     copy_vector_seconds: float = Field(
         0.0, ge=0, allow_inf_nan=False,
         description="CPU: seconds one core spends per vector (or shorter piece of a row) a packing copy moves, "
@@ -338,6 +342,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
         **({"band_stall": profile.band_stall} if profile.band_stall else {}),
         **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
+        **({"fed_share": profile.fed_share} if profile.fed_share else {}),
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),
         **({"copy_element_seconds": profile.copy_element_seconds} if profile.copy_element_seconds else {}),
         **({"handoff_seconds": profile.handoff_seconds} if profile.handoff_seconds else {}),

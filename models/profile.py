@@ -52,6 +52,8 @@ ReachPoints = Annotated[list[tuple[float, float]] | None, _points("run_start_rea
 # kernel_costs.stride_stall: per row stride
 StridePoints = Annotated[list[tuple[float, float]] | None,
                          _points("stride_stall", "strides", sys.float_info.max, "finite and >= 0")]
+# simd_cpu.fed_share: per vectors across the register tile, a share of peak
+FedPoints = Annotated[list[tuple[float, float]] | None, _points("fed_share", "vectors", 1.0, "between 0 and 1")]
 # kernel_costs.band_stall: per rows read in turn
 BandPoints = Annotated[list[tuple[float, float]] | None,
                        _points("band_stall", "rows", sys.float_info.max, "finite and >= 0")]
@@ -122,6 +124,10 @@ class Profile(BaseModel):
                           "rows that far apart from L2 adds over reading them contiguous, as a share of the L1 fill "
                           "link's time for those bytes (all cores); the first point is the contiguous read, 0; none "
                           "in older profiles: no stall")
+    fed_share: FedPoints = Field(
+        None, description="per register tile width in vectors (increasing), the share of the widest-fed tile's rate "
+                          "that a micro-kernel with that many vectors a row reaches when its packed panels stream "
+                          "from L2 rather than sit in L1 (all cores); none in older profiles: every width alike")
     call_seconds: float = Field(description="cost of one kernel call that does almost nothing")
     copy_vector_seconds: float | None = Field(
         None, gt=0, allow_inf_nan=False,

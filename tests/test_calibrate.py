@@ -29,7 +29,7 @@ def _profile(key: str) -> Profile:
                    run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
                    copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, shared_line_seconds=3e-8,
-                   fma_chains=9.5)
+                   fed_share=[(1.0, 0.8), (2.0, 1.0), (4.0, 1.0)], fma_chains=9.5)
 
 
 def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
@@ -58,6 +58,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert "a buffer another core wrote costs 102.4 ns more per KiB read" in format_hardware(hw)
     assert (hw.shared_line_seconds, assumed.shared_line_seconds) == (3e-8, 0.0)
     assert "an output line two cores write costs 30 ns" in format_hardware(hw)
+    assert (hw.fed_share, assumed.fed_share) == ([(1.0, 0.8), (2.0, 1.0), (4.0, 1.0)], None)
+    assert "fed from L2, share of peak by width: 1 vector 80%, 2 vectors 100%, 4 vectors 100%" in format_hardware(hw)
     assert (hw.fma_chains, assumed.fma_chains) == (9.5, None)
     assert "the FMA pipes need 9.5 accumulator vectors in flight" in format_hardware(hw)
     assert [lv.capacity_bytes for lv in hw.levels] == [lv.capacity_bytes for lv in assumed.levels]
@@ -261,6 +263,11 @@ def test_calibrate_from_the_command_line(tmp_path):
     # A line two cores write moves between their caches: 30-40 ns on the Xeon, under 1 us anywhere.
     assert profile.shared_line_seconds is None or 0 < profile.shared_line_seconds < 1e-6
     assert profile.cores > 1 or profile.shared_line_seconds is None
+    # Each width's share of the best width's L2-fed rate: the best is 1 (one-vector tiles kept
+    # 0.76-0.82 on the Xeon); none on a hierarchy without an L2.
+    if profile.fed_share is not None:
+        widths, shares = zip(*profile.fed_share)
+        assert widths == (1.0, 2.0, 4.0) and max(shares) == 1.0 and min(shares) > 0
     # Streams from memory are far slower than from L1 (about 10x on any machine, so load cannot flip it).
     assert profile.stream_bandwidth["memory"].one_core < profile.stream_bandwidth["L1"].one_core
     shown = subprocess.run([*tune, "hardware", "host"], capture_output=True, text=True, env=env, timeout=60)

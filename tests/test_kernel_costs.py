@@ -260,6 +260,27 @@ def test_the_fma_chains_the_pipes_need_set_the_pace_of_tiles_with_fewer():
     assert float(few.target.issue_efficiency(gemm, gemm.ops[0], tiles, orders)) == pytest.approx(10 / 12)
 
 
+def test_a_tile_fed_from_l2_keeps_the_share_of_peak_calibrated_for_its_width():
+    """With fed_share calibrated (one vector 0.6, four 1.0), a one-vector-wide tile whose panels
+    over the whole reduction outgrow half of L1 runs at 0.6 of the peak, a two-vector one at the
+    share interpolated in the log of the width (0.8), a four-vector one at the peak; the same
+    one-vector tile over a reduction whose panels fit L1 keeps the peak, and so does every tile
+    uncalibrated."""
+    from cachetile.models.costmodel import compute_seconds
+
+    fed = REGISTERS_AND_L1.model_copy(update={"fed_share": [(1.0, 0.6), (4.0, 1.0)], "fma_chains": 1.0})
+    deep = builtin("gemm", {"m": 64, "n": 64, "k": 1024})  # 16 lanes; L1 holds 48 KiB
+    for width, share in ((16, 0.6), (32, 0.8), (64, 1.0)):
+        tiles = [{"m": 8, "n": width, "k": 1}, dict(deep.dims)]
+        # (8 + width) floats a k step over 1024 steps: 96 KiB and more, past half of L1
+        assert float(fed.target.fed_share(deep, deep.ops[0], tiles[0])) == pytest.approx(share)
+        plain = float(compute_seconds(deep, REGISTERS_AND_L1.model_copy(update={"fma_chains": 1.0}), None, tiles))
+        assert float(compute_seconds(deep, fed, None, tiles)) == pytest.approx(plain / share, rel=1e-12)
+    shallow = builtin("gemm", {"m": 64, "n": 64, "k": 64})  # 24 floats x 64 steps: 6 KiB
+    assert float(fed.target.fed_share(shallow, shallow.ops[0], {"m": 8, "n": 16, "k": 1})) == 1.0
+    assert float(REGISTERS_AND_L1.target.fed_share(deep, deep.ops[0], {"m": 8, "n": 16, "k": 1})) == 1.0
+
+
 def test_a_whole_simd_plan_takes_register_tiles_of_two_rows_unless_the_output_has_one():
     """SimdCpu.admits with the orders (a whole plan): a one-row register tile reuses no B vector
     across rows and is not admitted where the output has more rows; a GEMV's is. Without the

@@ -279,7 +279,33 @@ class SimdCpu(Target):
             # max: rows whose tiles do not nest have 0 trips (the searches score them infeasible)
             vectors = vectors + OOO_FMAS / np.maximum(reduction_chain(workload, op, orders, tiles), 1)
         chains = self.hardware.fma_chains if self.hardware is not None else None
-        return np.minimum(1.0, vectors / (chains or FMA_CHAINS))
+        return np.minimum(1.0, vectors / (chains or FMA_CHAINS)) * self.fed_share(workload, op, tiles[0])
+
+    def fed_share(self, workload, op, tile):
+        """The share of peak the register tile `tile` keeps once its packed panels stream from L2
+        (Hardware.fed_share by its width in vectors, linear in the log of the width between the
+        widths calibrated, the nearer one's outside them), where the panels it reads over the
+        op's whole reduction outgrow half of L1; 1 elsewhere, or uncalibrated.
+
+        One-vector-wide tiles issue a broadcast per FMA: in L1 they reach peak, from L2 they do
+        not. On the Intel Xeon of BENCHMARKS.md, the calibration's packed micro-kernels fed from L2
+        ran 16x1 at 0.79-0.81 of their L1-fed rate, 8x2 and 4x4 at 0.97; gemm 1000^3's plans with
+        20x16 and 25x16 tiles ran 8.2-8.6 ms where the model ranked them ahead of 5x64's (7.07 ms).
+        The whole reduction, not the plan's loops: a panel that fits L1 whole may still be read
+        from L2 once per tile, but one that does not cannot stay."""
+        points = self.hardware.fed_share if self.hardware is not None else None
+        if not points:
+            return 1.0
+        out = workload.tensors[op.output].dims
+        width = np.ceil(np.asarray(tile[out[-1]], dtype=np.float64) / self.vector_lanes(workload))
+        widths, shares = zip(*points)
+        share = np.interp(np.log(width), np.log(widths), shares)
+        reductions = [x for x in op.loops if x not in out]
+        depth = math.prod(workload.dims[x] for x in reductions)
+        step = sum(math.prod(np.asarray(tile[x], dtype=np.float64) for x in workload.tensors[name].loops
+                             if x not in reductions) for name in op.inputs)
+        fed = step * depth * workload.elem_bytes > self.hardware.levels[1].capacity_bytes / 2
+        return np.where(fed, share, 1.0)
 
     def lanes(self, workload):
         """Loops indexing some output's last dimension are vectorised: tiles take whole vectors."""
