@@ -289,7 +289,7 @@ class SimdCpu(Target):
 
         One-vector-wide tiles issue a broadcast per FMA: in L1 they reach peak, from L2 they do
         not. On the Intel Xeon of BENCHMARKS.md, the calibration's packed micro-kernels fed from L2
-        ran 16x1 at 0.79-0.81 of their L1-fed rate, 8x2 and 4x4 at 0.97; gemm 1000^3's plans with
+        kept 0.76-0.82 (16x1) of the best width's share, 0.98-1 (8x2 and 4x4); gemm 1000^3's plans with
         20x16 and 25x16 tiles ran 8.2-8.6 ms where the model ranked them ahead of 5x64's (7.07 ms).
         The whole reduction, not the plan's loops: a panel that fits L1 whole may still be read
         from L2 once per tile, but one that does not cannot stay."""
