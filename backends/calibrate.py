@@ -52,9 +52,8 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   timed in turn on all cores: what each stride adds, as a share of the L1
   link's time for B's bytes (the profile's stride_stall);
 - micro-kernels one, two and four vectors wide, their A packed (a k step's
-  rows side by side), with both panels in L1 and then streaming from L2, timed
-  in turn on all cores: each width's share of its L1-fed rate, over the best
-  width's (the profile's fed_share);
+  rows side by side), their panels streaming from L2, timed in turn on all
+  cores: each width's rate over the fastest one's (the profile's fed_share);
 - a packing copy on one core, of COPY_ROWS rows of COPY_WIDTH floats (in L2)
   into blocks COPY_SIDE columns wide, as the LLVM backend emits one: keeping
   the rows innermost, vectorised (seconds per vector), and storing them across
@@ -124,9 +123,9 @@ STRIDE_ROUNDS = 5
 # (rows, vectors) of the packed micro-kernels fed_shares times: one, two and four vectors wide, 16
 # accumulators each (enough chains on every machine measured).
 FED_TILES = ((16, 1), (8, 2), (4, 4))
-FED_ROUNDS = 5
+FED_ROUNDS = 3
 # Shares above this are 1: on the Intel Xeon of BENCHMARKS.md, three runs gave the two- and four-vector
-# tiles 0.977-1.0 in turn (which one led changed), the one-vector tile 0.76-0.82.
+# tiles within 3% of each other (which one led changed), the one-vector tile 0.75-0.82 of them.
 FED_NOISE = 0.97
 # The packing copy's source: rows of an odd length (a 1024-float row puts a block's column in one
 # L1 set: 2.8 ns per element on the Zen 4 against 0.3 at 1000), 250 KB in all.
@@ -260,21 +259,15 @@ def seconds_in_turn(kernels, rounds: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def fed_shares(threads: int, lanes: int, l1_bytes: int, l2_bytes: int, rounds: int = FED_ROUNDS) -> list[tuple[float, float]]:
-    """(vectors across the tile, share) for the packed micro-kernels of FED_TILES: each one's rate
-    with its panels streaming from L2 (a third of L2 deep) over its rate with them in L1 (a third
-    of L1), over the best such ratio of them all, so the width that keeps its rate best counts 1
-    (the loss they all share is the L1 link's, which the model overlaps with compute). The
-    kernels are timed in turn in each of `rounds` rounds; a share within FED_NOISE of 1 is 1."""
-    runs = []
-    for rows, vectors in FED_TILES:
-        step = (rows + vectors * lanes) * 4  # bytes of both panels one k step reads
-        runs += [micro_kernel(threads, rows, vectors, lanes, max(16, size // 3 // step), packed=True)
-                 for size in (l1_bytes, l2_bytes)]
-    times = seconds_in_turn(runs, rounds)
-    rates = [run[2] / t for run, t in zip(runs, times)]
-    kept = [fed / held for held, fed in zip(rates[::2], rates[1::2])]
-    shares = [share / max(kept) for share in kept]
+def fed_shares(threads: int, lanes: int, l2_bytes: int, rounds: int = FED_ROUNDS) -> list[tuple[float, float]]:
+    """(vectors across the tile, share) for the packed micro-kernels of FED_TILES, their panels a
+    third of L2 deep, so that they stream from L2: each one's rate over the fastest one's (in L1
+    they all reach the peak, as the micro-kernels of fit_peak_and_registers show); a share within
+    FED_NOISE of 1 is 1. The kernels are timed in turn in each of `rounds` rounds."""
+    runs = [micro_kernel(threads, rows, vectors, lanes, l2_bytes // 3 // ((rows + vectors * lanes) * 4), packed=True)
+            for rows, vectors in FED_TILES]
+    rates = [run[2] / t for run, t in zip(runs, seconds_in_turn(runs, rounds))]
+    shares = [rate / max(rates) for rate in rates]
     return [(float(vectors), 1.0 if share >= FED_NOISE else share) for (_, vectors), share in zip(FED_TILES, shares)]
 
 
@@ -500,7 +493,7 @@ def shared_line_seconds(threads: int, lanes: int) -> float:
         sch.vectorize(sch.split(inside, factors=[None, lanes])[1])
         libs.append(tvm.compile(sch.mod, target=_target(threads)))
     args = _tensors(np.ones((SHARED_ROWS, width), "float32"), np.zeros((SHARED_ROWS, width), "float32"))
-    shared, banded = (min(_median_seconds(lib, args) for _ in range(3)) for lib in libs)
+    shared, banded = (min(_median_seconds(lib, args) for _ in range(2)) for lib in libs)
     lines = shared_lines([SHARED_ROWS, width], 1, owner_changes(width, SHARED_CHUNK, padded, threads), 4)
     return max(shared - banded, 0.0) / lines
 
@@ -704,7 +697,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     fed = None
     if len(hw.levels) > 2:
         step(f"register tiles fed from L2 on {cores} core(s)")
-        fed = fed_shares(cores, lanes, hw.levels[1].capacity_bytes, hw.levels[2].capacity_bytes)
+        fed = fed_shares(cores, lanes, hw.levels[2].capacity_bytes)
     step("packing copies on 1 core")
     copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
     handoff = sharing = None
