@@ -275,7 +275,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.outputs.append((op.output, size, block, size))
             costs.copy_seconds += stream(size, block) + stream(2 * size, size)
     if hardware.shared_line_seconds:
-        costs.shared_lines = output_shared_lines(workload, orders, eff, padded, parallel, cores)
+        costs.shared_lines = output_shared_lines(workload, orders, eff, padded, parallel, cores, plans)
         costs.sharing_seconds = sum(lines for _, lines in costs.shared_lines) * hardware.shared_line_seconds
         costs.copy_seconds += costs.sharing_seconds
     costs.regions = _regions(workload, orders, eff, padded, parallel, root_passes, plans)
@@ -609,7 +609,7 @@ def stride_stall(hardware: Hardware, stride: float) -> float:
     points = hardware.stride_stall
     if not points:
         return 0.0
-    return _log_interp(points, stride)
+    return log_interp(points, stride)
 
 
 def run_start(hardware: Hardware, run_bytes: float) -> float:
@@ -648,14 +648,15 @@ def run_start_reach(hardware: Hardware, nbytes: float) -> float:
     points = hardware.run_start_reach
     if not points:
         return 1.0 if nbytes > hardware.levels[-1].capacity_bytes else 0.0
-    return _log_interp(points, nbytes)
+    return log_interp(points, nbytes)
 
 
-def _log_interp(points, x: float) -> float:
-    """The share at `x` of calibrated (x, share) points: linear in the log of x between them,
-    the nearer point's outside them."""
+def log_interp(points, x):
+    """The share at `x` (a number or an array) of calibrated (x, share) points: linear in the log
+    of x between them, the nearer point's outside them."""
     xs, shares = zip(*points)
-    return float(np.interp(math.log(x), np.log(xs), shares))
+    share = np.interp(np.log(x), np.log(xs), shares)
+    return float(share) if np.ndim(share) == 0 else share
 
 
 def band_stall(hardware: Hardware, rows: int) -> float:
@@ -675,7 +676,7 @@ def band_stall(hardware: Hardware, rows: int) -> float:
     points = hardware.band_stall
     if not points or rows <= 1:
         return 0.0
-    return _log_interp(points, rows)
+    return log_interp(points, rows)
 
 
 def followed_rows(hardware: Hardware) -> int | None:

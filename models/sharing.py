@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 
-from .caches import LINE_BYTES, copied_out, output_plan, output_tile, trips
+from .caches import LINE_BYTES, copied_out, output_tile, trips
 from .workload import Workload
 
 
@@ -53,10 +53,12 @@ def shared_lines(extents: list[int], axis: int, changes: list[int], elem_bytes: 
     return rows // period * counted(period) + counted(rows % period)
 
 
-def output_shared_lines(workload: Workload, orders, tiles, padded, parallel: dict, cores: int) -> list[tuple[str, int]]:
+def output_shared_lines(workload: Workload, orders, tiles, padded, parallel: dict, cores: int,
+                        plans: dict) -> list[tuple[str, int]]:
     """Per output written by an op running its own parallel loop: (tensor, lines two cores
     write per call). `tiles` effective, `padded` their extents, `parallel` per op as
-    kernel_costs.parallel_ops gives it. An output accumulated in place is stored at every trip
+    kernel_costs.parallel_ops gives it, `plans` each op's caches.output_plan (None: stored once).
+    An output accumulated in place is stored at every trip
     of the reductions above its register tile (into a padded buffer of its own when copied
     out); one kept in a block buffer or in registers is written to the array once."""
     found = []
@@ -66,7 +68,7 @@ def output_shared_lines(workload: Workload, orders, tiles, padded, parallel: dic
         if out.role != "output" or not own:
             continue
         x, j = position
-        plan = output_plan(workload, orders, op, tiles, padded)
+        plan = plans[op.name]
         stores, real = 1, True
         if plan is not None and plan.holder is None:
             _, above = output_tile(workload, orders, op, tiles, padded)

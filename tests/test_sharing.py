@@ -87,7 +87,8 @@ def test_an_output_accumulated_in_place_counts_a_store_per_reduction_trip():
     orders = [list("mnk")] * 3 + [list("kmn")]
     padded, eff = effective_tiles(w, tiles)
     parallel = parallel_ops(w, orders, tiles, 2)
-    assert parallel == {"gemm": (("n", 3), True)} and output_plan(w, orders, w.ops[0], eff, padded).holder is None
+    plans = {"gemm": output_plan(w, orders, w.ops[0], eff, padded)}
+    assert parallel == {"gemm": (("n", 3), True)} and plans["gemm"].holder is None
     once = lines_written_twice([16, 104], 1, owners_along(104, 52, 104, 2), 4)
     assert once == 24
-    assert output_shared_lines(w, orders, eff, padded, parallel, 2) == [("C", 2 * once)]
+    assert output_shared_lines(w, orders, eff, padded, parallel, 2, plans) == [("C", 2 * once)]

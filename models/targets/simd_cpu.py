@@ -293,13 +293,14 @@ class SimdCpu(Target):
         20x16 and 25x16 tiles ran 8.2-8.6 ms where the model ranked them ahead of 5x64's (7.07 ms).
         The whole reduction, not the plan's loops: a panel that fits L1 whole may still be read
         from L2 once per tile, but one that does not cannot stay."""
+        from ..kernel_costs import log_interp
+
         points = self.hardware.fed_share if self.hardware is not None else None
         if not points:
             return 1.0
         out = workload.tensors[op.output].dims
         width = np.ceil(np.asarray(tile[out[-1]], dtype=np.float64) / self.vector_lanes(workload))
-        widths, shares = zip(*points)
-        share = np.interp(np.log(width), np.log(widths), shares)
+        share = log_interp(points, width)
         reductions = [x for x in op.loops if x not in out]
         depth = math.prod(workload.dims[x] for x in reductions)
         step = sum(math.prod(np.asarray(tile[x], dtype=np.float64) for x in workload.tensors[name].loops
