@@ -30,7 +30,12 @@ from tvm.sym import Analyzer
 from ..models.caches import LINE_BYTES
 
 DENSE = 2  # a block may span at most this many times its elements
-MAX_LINES = 64  # a block larger than 4 KiB is left to the hardware prefetcher
+# A block of more lines is left to the hardware prefetcher, whose streams ramp up within a
+# dense run that long. The rule came from a 15-line panel (gemm 1000^3, 4-5% faster); on the
+# Intel Xeon (Emerald Rapids) of BENCHMARKS.md, the plans tune returned with 24-, 48- and
+# 64-line blocks ran 2-6% faster without their prefetches ("Prefetch-burst session"), a
+# 16-line one within noise of it.
+MAX_LINES = 16
 
 
 def insert_prefetches(mod, sites: list[tuple[str, int, tuple[str, ...]]]):

@@ -38,6 +38,17 @@ def test_a_dense_block_is_prefetched_line_by_line_at_the_next_step():
     assert _offsets(lines, (10, 4, 16), i, 2) == [192, 208, 224, 240]
 
 
+
+@pytest.mark.parametrize("rows, prefetched", [(16, True), (17, False), (64, False)])
+def test_a_block_of_more_than_16_lines_is_left_to_the_hardware_prefetcher(rows, prefetched):
+    # 24- to 64-line blocks ran 2-6% slower with their prefetches than without (BENCHMARKS.md,
+    # "Prefetch-burst session"): a dense run that long is the hardware prefetcher's.
+    step, block_rows, cols = _loop("i", 10), _loop("r", rows), _loop("c", 16)
+    i, r, c = step.loop_var, block_rows.loop_var, cols.loop_var
+    buffer = tirx.decl_buffer((10, rows, 16), "float32", "P_global")
+    lines = _line_indices([i, r, c], buffer, i, [block_rows, cols])
+    assert _offsets(lines, (10, rows, 16), i, 0) == ([16 * (rows + j) for j in range(rows)] if prefetched else [])
+
 @pytest.mark.parametrize("index, shape, why", [
     (lambda i, r, c: [i * 4 + r, c], (1000, 1000), "rows 1000 floats apart: 64 elements over 3016"),
     (lambda i, r, c: [r, c], (4, 16), "the same block at every step"),
