@@ -44,6 +44,7 @@ class Emitted:
     padded: dict[str, int]
     launch: dict = field(default_factory=dict)  # GPU: threads and blocks
     prefetches: list = field(default_factory=list)  # CPU: llvm_prefetch.insert_prefetches' sites
+    edges: list = field(default_factory=list)  # CPU: llvm_partition.partition_edges' copy loops
 
 
 @dataclass

@@ -18,6 +18,7 @@ from ..models.plan import Plan, TuneResult
 from ..models.workload import Workload
 from .base import Built, Emitted
 from .llvm_emit import emit
+from .llvm_partition import partition_edges
 from .llvm_prefetch import insert_prefetches
 from .tensorir import primfunc
 
@@ -52,7 +53,8 @@ def build(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: boo
     start = time.perf_counter()
     emitted = emit(workload, hardware, plan, double_buffer)
     target = {**llvm_target(hardware.cores), **{k: v for k, v in (target or {}).items() if k in ("mtriple", "mcpu")}}
-    lib = tvm.compile(insert_prefetches(emitted.schedule.mod, emitted.prefetches), target=tvm.target.Target(target))
+    mod = insert_prefetches(partition_edges(emitted.schedule.mod, emitted.edges), emitted.prefetches)
+    lib = tvm.compile(mod, target=tvm.target.Target(target))
     return Built(lib, emitted, time.perf_counter() - start)
 
 
@@ -113,10 +115,11 @@ if __name__ == "__main__":
 def schedule_script(workload: Workload, hardware: Hardware, emitted: Emitted) -> str:
     """A standalone Python script that rebuilds this schedule and exports kernel.so."""
     main = f'''    os.environ.setdefault("TVM_NUM_THREADS", "{hardware.cores}")
-    mod = insert_prefetches(sch.mod, {emitted.prefetches!r})
+    mod = insert_prefetches(partition_edges(sch.mod, {emitted.edges!r}), {emitted.prefetches!r})
     lib = tvm.compile(mod, target=tvm.target.Target({llvm_target(hardware.cores)!r}))
     lib.export_library(out)'''
-    prelude = "from cachetile.backends.llvm_prefetch import insert_prefetches\n"
+    prelude = ("from cachetile.backends.llvm_partition import partition_edges\n"
+               "from cachetile.backends.llvm_prefetch import insert_prefetches\n")
     return rebuild_script(workload, emitted.padded, emitted.schedule, "kernel.so", main, prelude=prelude)
 
 

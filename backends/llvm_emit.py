@@ -83,6 +83,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     # once, by a pass of its own at the root (kernel_costs.padding_passes).
     passes = plan_padding(workload, hardware, orders, [lv.tile for lv in plan.levels])
     pipelined: list = []  # (cache, attach loop) to double-buffer
+    edges: list = []  # zero-padding copies' loops to partition (llvm_partition)
     for op in workload.ops:
         band = _row_band(sch, blocks[op.name], workload, op, tiles, nests, lanes)
         short = None if band is not None else _short_reduction(sch, blocks[op.name], workload, op, nests)
@@ -91,16 +92,18 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
             sch.unroll(short)
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
-                         nests, padded, lanes, copy_cores, parallel_at, pipelined, name in passes)
+                         nests, padded, lanes, copy_cores, parallel_at, pipelined, edges, name in passes)
         _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
                     parallel.get(op.name))
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded, set(passes))
     for name, site in passes.items():
-        _copy_loops(sch, sch.get_sblock(pad_name(name)), site.layout, site.level, lanes, copy_cores, padding=True)
+        edges += _copy_loops(sch, sch.get_sblock(pad_name(name)), site.layout, site.level, lanes, copy_cores,
+                             padding=True, extents=[workload.dims[x] for x in site.layout.dims])
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores,
                             list(passes.values()))
-    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests))
+    return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests),
+                   edges=edges)
 
 
 def _restreamed(workload: Workload, orders, plan: Plan, op) -> list[str]:
@@ -279,7 +282,7 @@ def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, w
 
 
 def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded, lanes, cores, parallel_at,
-                 pipelined: list, padded_apart: bool = False) -> None:
+                 pipelined: list, edges: list, padded_apart: bool = False) -> None:
     """Cache the input at `sites`; with `parallel_at` (per op, the position run in parallel; None:
     no double buffering) queue the copies caches.double_buffer_reason allows for pipelining.
     `padded_apart`: the input's zero padding is a pass of its own (kernel_costs.padding_passes),
@@ -300,19 +303,22 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
                 sch.parallel(sch.get_loops(cache)[0])
         else:
             sch.transform_layout(cache, ("write", 0), site.layout.index_map())
-            _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1,
-                        padding=padding and cache is made[0][0])
+            first = padding and cache is made[0][0]
+            edges += _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1,
+                                 padding=first, extents=[workload.dims[x] for x in site.layout.dims] if first else None)
         if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int, padding: bool = False) -> None:
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int, padding: bool = False,
+                extents: list[int] | None = None) -> list:
     """Walk the copy's tiles level by level in the array's order, so it reads the source in
     runs as long as the tiles' rows (the pack may store them in the walk's order: each tile
     written is still contiguous), and each level-1 tile in the pack's inner order. Vectorise
     where reads are too, and share a copy made outside every parallel loop among `parallel`
     cores (its outer loops fused until they have a trip per core). `padding`: the copy reads
-    the zero-padded input (the padding folds into it: tensorir.inline_padding)."""
+    the zero-padded input (the padding folds into it: tensorir.inline_padding); with the
+    input's real `extents`, the loops llvm_partition splits are returned (_edges)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -324,11 +330,14 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
     order = [parts[i][k] for k in range(len(parts[0]) - 1) for i in range(rank)]
     order += [parts[i][-1] for i in layout.inner_order]
     sch.reorder(*order)
+    fused = 0
     if parallel > 1:
         n, count = 1, sch.get(order[0]).extent.value
         while count < parallel and n < len(order) - 1:
             count, n = count * sch.get(order[n]).extent.value, n + 1
         sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
+        fused = n
+    edges = _edges(sch, cache, parts, fused, layout, extents) if padding and extents else []
     if layout.inner_order[-1] == rank - 1:
         extent = sch.get(order[-1]).extent.value
         if lanes and masked_piece(extent, lanes, padding):
@@ -341,8 +350,23 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             # as one odd vector, gemm 1000^3's pack rows of 100, 50, 40 and 25 floats ran
             # 1.2-1.8x as long as in those narrower vectors (AMD EPYC Zen 4).
             sch.vectorize(sch.split(order[-1], factors=[None, lanes])[1])
-            return
+            return edges
         _vectorize(sch, order[-1], lanes)
+    return edges
+
+
+def _edges(sch, cache, parts, fused: int, layout: Layout, extents: list[int]) -> list:
+    """(block name, [loop depth, ...]) of a zero-padding copy's outermost loop along each dimension
+    whose padding lies within that loop's last trip of the last block (less padding than the
+    loop's step), for llvm_partition; loops fused into the parallel loop are left whole."""
+    loops = [sch.get(loop) for loop in sch.get_loops(cache)]
+    depths = []
+    for i in range(fused, len(parts)):
+        pad, trips = layout.bounds[i][0] - extents[i], sch.get(parts[i][0]).extent.value
+        if trips > 1 and 0 < pad < math.prod(sch.get(loop).extent.value for loop in parts[i][1:]):
+            here = sch.get(parts[i][0])
+            depths.append(next(d for d, loop in enumerate(loops) if loop.same_as(here)))
+    return [(sch.get(cache).name_hint, sorted(depths))] if depths else []
 
 
 def _vector_split(sch, loop, lanes: int, vectors: float = 1) -> list | None:

@@ -35,6 +35,20 @@ XEON = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, calibr
     {"name": "L3", "capacity_bytes": 64 << 20, "bandwidth_bytes_per_s": 2.76e10, "ways": 16}])
 
 
+def gemm_plan(dims: dict, spec: str, hardware: Hardware):
+    """(workload, plan) of a gemm and a plan written `order:m,n,k` per level, innermost first,
+    levels apart by `|`."""
+    from cachetile import make_plan
+
+    w = builtin("gemm", dims)
+    orders, tiles = [], []
+    for level in spec.split("|"):
+        order, tile = level.split(":")
+        orders.append(list(order))
+        tiles.append(dict(zip("mnk", map(int, tile.split(",")))))
+    return w, make_plan(w, hardware, orders, tiles)
+
+
 def random_case(rng: random.Random, max_extent: int = 9, max_levels: int = 3):
     """A random workload, hierarchy depth, nested tiles (clipped, often non-divisible) and valid orders."""
     kind = rng.choice(list(NAMES))

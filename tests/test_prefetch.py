@@ -4,8 +4,9 @@ import math
 import pytest
 from tvm import tirx
 from tvm.sym import Analyzer
+from conftest import gemm_plan
 
-from cachetile import builtin, make_plan, preset
+from cachetile import preset
 from cachetile.backends.llvm_build import build
 from cachetile.backends.llvm_measure import check
 from cachetile.backends.llvm_prefetch import _line_indices, insert_prefetches
@@ -61,21 +62,11 @@ def test_a_strided_repeated_or_overlapping_block_is_not_prefetched(index, shape,
                          [rows, cols]) == [], why
 
 
-def _plan(dims, spec):
-    w = builtin("gemm", dims)
-    orders, tiles = [], []
-    for level in spec.split("|"):
-        order, tile = level.split(":")
-        orders.append(list(order))
-        tiles.append(dict(zip("mnk", map(int, tile.split(",")))))
-    return w, make_plan(w, HOST, orders, tiles)
-
-
 def test_a_restreamed_input_gets_its_next_panel_prefetched_and_the_kernel_stays_right():
     # A's L2 block (the whole m by one k block) is used once per n block, so A streams back from L3
     # four times; B's panel stays put while m steps. Only A's next 4x30 panel is prefetched: 480
     # bytes, 8 lines.
-    w, plan = _plan({"m": 200, "n": 256, "k": 120}, "mnk:4,64,1|nkm:4,64,30|mnk:200,64,30|mnk:200,256,120")
+    w, plan = gemm_plan({"m": 200, "n": 256, "k": 120}, "mnk:4,64,1|nkm:4,64,30|mnk:200,64,30|mnk:200,256,120", HOST)
     built = build(w, HOST, plan)
     check(w, built.lib)
     [(block, depth, buffers)] = built.emitted.prefetches
@@ -87,7 +78,7 @@ def test_a_restreamed_input_gets_its_next_panel_prefetched_and_the_kernel_stays_
 
 def test_an_input_read_once_is_not_prefetched():
     # The same walk on one n block: A moves into L2 once, so nothing is prefetched.
-    w, plan = _plan({"m": 200, "n": 64, "k": 120}, "mnk:4,64,1|nkm:4,64,30|mnk:200,64,30|mnk:200,64,120")
+    w, plan = gemm_plan({"m": 200, "n": 64, "k": 120}, "mnk:4,64,1|nkm:4,64,30|mnk:200,64,30|mnk:200,64,120", HOST)
     built = build(w, HOST, plan)
     check(w, built.lib)
     assert built.emitted.prefetches == []
