@@ -124,9 +124,12 @@ STRIDE_ROUNDS = 5
 # accumulators each (enough chains on every machine measured).
 FED_TILES = ((16, 1), (8, 2), (4, 4))
 FED_ROUNDS = 3
-# Shares above this are 1: on the Intel Xeon of BENCHMARKS.md, three runs gave the two- and four-vector
-# tiles within 3% of each other (which one led changed), the one-vector tile 0.75-0.82 of them.
-FED_NOISE = 0.97
+# Two micro-kernels whose rates are within this share of each other run at the same speed: on the
+# Intel Xeon of BENCHMARKS.md, three runs gave the two- and four-vector tiles fed from L2 within 3% of
+# each other (which one led changed), the one-vector tile 0.75-0.82 of them; and ten fits of the
+# register bandwidth, from kernels 0-2% apart, gave 8.8 TB/s to free, which flipped gemm 1024^3's
+# and 1000^3's plans from one calibration to the next.
+NOISE = 0.97
 # The packing copy's source: rows of an odd length (a 1024-float row puts a block's column in one
 # L1 set: 2.8 ns per element on the Zen 4 against 0.3 at 1000), 250 KB in all.
 COPY_ROWS, COPY_WIDTH, COPY_SIDE = 64, 1000, 64
@@ -263,12 +266,12 @@ def fed_shares(threads: int, lanes: int, l2_bytes: int, rounds: int = FED_ROUNDS
     """(vectors across the tile, share) for the packed micro-kernels of FED_TILES, their panels a
     third of L2 deep, so that they stream from L2: each one's rate over the fastest one's (in L1
     they all reach the peak, as the micro-kernels of fit_peak_and_registers show); a share within
-    FED_NOISE of 1 is 1. The kernels are timed in turn in each of `rounds` rounds."""
+    NOISE of 1 is 1. The kernels are timed in turn in each of `rounds` rounds."""
     runs = [micro_kernel(threads, rows, vectors, lanes, l2_bytes // 3 // ((rows + vectors * lanes) * 4), packed=True)
             for rows, vectors in FED_TILES]
     rates = [run[2] / t for run, t in zip(runs, seconds_in_turn(runs, rounds))]
     shares = [rate / max(rates) for rate in rates]
-    return [(float(vectors), 1.0 if share >= FED_NOISE else share) for (_, vectors), share in zip(FED_TILES, shares)]
+    return [(float(vectors), 1.0 if share >= NOISE else share) for (_, vectors), share in zip(FED_TILES, shares)]
 
 
 def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=STRIDE_SPREADS,
@@ -532,8 +535,12 @@ def region_and_call_seconds(threads: int, outer: int = 2000, rounds: int = REGIO
 def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, int], lanes: int,
                            vector_bytes: int) -> tuple[float, float]:
     """Peak FLOP/s and register bytes/s from two micro-kernels (seconds, flops, k steps) with the
-    loads per step of LOADS, solving seconds = flops / peak + load bytes / bandwidth."""
+    loads per step of LOADS, solving seconds = flops / peak + load bytes / bandwidth. Kernels
+    within NOISE of each other's rate say the loads cost nothing measurable: the faster one's
+    rate is the peak, and the registers are free."""
     (s1, f1, k1), (s2, f2, k2) = a, b
+    if min(f1 / s1, f2 / s2) >= NOISE * max(f1 / s1, f2 / s2):
+        return max(f1 / s1, f2 / s2), 1e18
     l1, l2 = [LOADS[t] * vector_bytes * k for t, k in zip(LOADS, (k1, k2))]
     matrix = np.array([[f1, l1], [f2, l2]], dtype=float)
     inv_peak, inv_bw = np.linalg.solve(matrix, np.array([s1, s2]))
