@@ -337,7 +337,9 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             count, n = count * sch.get(order[n]).extent.value, n + 1
         sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
         fused = n
-    edges = _edges(sch, cache, parts, fused, layout, extents) if padding and extents else []
+    piece = sch.get(order[-1]).extent.value if layout.inner_order[-1] == rank - 1 else 0
+    whole = bool(lanes) and piece > 0 and piece % lanes == 0
+    edges = _edges(sch, cache, parts, fused, layout, extents) if padding and extents and whole else []
     if layout.inner_order[-1] == rank - 1:
         extent = sch.get(order[-1]).extent.value
         if lanes and masked_piece(extent, lanes, padding):
@@ -358,7 +360,10 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
 def _edges(sch, cache, parts, fused: int, layout: Layout, extents: list[int]) -> list:
     """(block name, [loop depth, ...]) of a zero-padding copy's outermost loop along each dimension
     whose padding lies within that loop's last trip of the last block (less padding than the
-    loop's step), for llvm_partition; loops fused into the parallel loop are left whole."""
+    loop's step), for llvm_partition; loops fused into the parallel loop are left whole. Only
+    copies whose rows move in whole vectors get here: a copy of narrower pieces gains no vector
+    moves from the split, only its loops twice over (gemm 127x251x509 packing A in 3-float pieces
+    ran 0.282 ms split against 0.228 whole, BENCHMARKS.md "Prefetch-burst session")."""
     loops = [sch.get(loop) for loop in sch.get_loops(cache)]
     depths = []
     for i in range(fused, len(parts)):
