@@ -539,8 +539,9 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
     within NOISE of each other's rate say the loads cost nothing measurable: the faster one's
     rate is the peak, and the registers are free."""
     (s1, f1, k1), (s2, f2, k2) = a, b
-    if min(f1 / s1, f2 / s2) >= NOISE * max(f1 / s1, f2 / s2):
-        return max(f1 / s1, f2 / s2), 1e18
+    rates = (f1 / s1, f2 / s2)
+    if min(rates) >= NOISE * max(rates):
+        return max(rates), 1e18
     l1, l2 = [LOADS[t] * vector_bytes * k for t, k in zip(LOADS, (k1, k2))]
     matrix = np.array([[f1, l1], [f2, l2]], dtype=float)
     inv_peak, inv_bw = np.linalg.solve(matrix, np.array([s1, s2]))
@@ -697,12 +698,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
     # half the last cache on the Zen 4, 16 rows ran 1.01-1.18x the 8-row band's time, from
     # memory 1.08-1.38x).
     bands = fit_band_stall(band_seconds(cores, far // cores, lanes))
-    strides = None
+    strides = fed = None
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
         strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
-    fed = None
-    if len(hw.levels) > 2:
         step(f"register tiles fed from L2 on {cores} core(s)")
         fed = fed_shares(cores, lanes, hw.levels[2].capacity_bytes)
     step("packing copies on 1 core")

@@ -99,7 +99,7 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     inline_padding(sch, workload, padded, set(passes))
     for name, site in passes.items():
         edges += _copy_loops(sch, sch.get_sblock(pad_name(name)), site.layout, site.level, lanes, copy_cores,
-                             padding=True, extents=[workload.dims[x] for x in site.layout.dims])
+                             extents=[workload.dims[x] for x in site.layout.dims])
     records = cache_records(workload, names, orders, tiles, padded, sites, double_buffer, hardware.cores,
                             list(passes.values()))
     return Emitted(sch, records, padded, prefetches=_prefetch_sites(sch, workload, orders, plan, padded, blocks, nests),
@@ -305,20 +305,20 @@ def _cache_input(sch, block, workload, op, sites: list[CacheSite], nests, padded
             sch.transform_layout(cache, ("write", 0), site.layout.index_map())
             first = padding and cache is made[0][0]
             edges += _copy_loops(sch, cache, site.layout, site.level, lanes, parallel=cores if site.key is None else 1,
-                                 padding=first, extents=[workload.dims[x] for x in site.layout.dims] if first else None)
+                                 extents=[workload.dims[x] for x in site.layout.dims] if first else None)
         if parallel_at is not None and double_buffer_reason(workload, site, parallel_at, nests.top) is None:
             pipelined.append((cache, nests.get(op, site.key)))
 
 
-def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int, padding: bool = False,
+def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: int,
                 extents: list[int] | None = None) -> list:
     """Walk the copy's tiles level by level in the array's order, so it reads the source in
     runs as long as the tiles' rows (the pack may store them in the walk's order: each tile
     written is still contiguous), and each level-1 tile in the pack's inner order. Vectorise
     where reads are too, and share a copy made outside every parallel loop among `parallel`
-    cores (its outer loops fused until they have a trip per core). `padding`: the copy reads
-    the zero-padded input (the padding folds into it: tensorir.inline_padding); with the
-    input's real `extents`, the loops llvm_partition splits are returned (_edges)."""
+    cores (its outer loops fused until they have a trip per core). `extents`: the input's real
+    extents, where the copy reads it zero-padded (the padding folds into it:
+    tensorir.inline_padding); the loops llvm_partition splits are returned (_edges)."""
     rank = len(layout.dims)
     first = len(layout.bounds[0]) - level  # index of this cache's own tile in the bounds
     parts = []
@@ -337,12 +337,12 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             count, n = count * sch.get(order[n]).extent.value, n + 1
         sch.parallel(sch.fuse(*order[:n]) if n > 1 else order[0])
         fused = n
-    piece = sch.get(order[-1]).extent.value if layout.inner_order[-1] == rank - 1 else 0
-    whole = bool(lanes) and piece > 0 and piece % lanes == 0
-    edges = _edges(sch, cache, parts, fused, layout, extents) if padding and extents and whole else []
-    if layout.inner_order[-1] == rank - 1:
-        extent = sch.get(order[-1]).extent.value
-        if lanes and masked_piece(extent, lanes, padding):
+    padding = extents is not None
+    piece = sch.get(order[-1]).extent.value if layout.inner_order[-1] == rank - 1 else 0  # 0: not rows
+    whole = bool(lanes) and piece > 0 and piece % lanes == 0  # rows in whole vectors: _edges
+    edges = _edges(sch, cache, parts, fused, layout, extents) if padding and whole else []
+    if piece:
+        if lanes and masked_piece(piece, lanes, padding):
             # A zero-padding copy's row that is not a whole number of vectors moves in whole
             # vectors, the last one masked (the split's predicate), as BLAS packs an edge. Under
             # the padding's condition LLVM moves an odd-width vector, or one narrower than a
@@ -367,10 +367,9 @@ def _edges(sch, cache, parts, fused: int, layout: Layout, extents: list[int]) ->
     loops = [sch.get(loop) for loop in sch.get_loops(cache)]
     depths = []
     for i in range(fused, len(parts)):
-        pad, trips = layout.bounds[i][0] - extents[i], sch.get(parts[i][0]).extent.value
-        if trips > 1 and 0 < pad < math.prod(sch.get(loop).extent.value for loop in parts[i][1:]):
-            here = sch.get(parts[i][0])
-            depths.append(next(d for d, loop in enumerate(loops) if loop.same_as(here)))
+        outer, pad = sch.get(parts[i][0]), layout.bounds[i][0] - extents[i]
+        if outer.extent.value > 1 and 0 < pad < math.prod(sch.get(loop).extent.value for loop in parts[i][1:]):
+            depths.append(next(d for d, loop in enumerate(loops) if loop.same_as(outer)))
     return [(sch.get(cache).name_hint, sorted(depths))] if depths else []
 
 

@@ -16,7 +16,7 @@ reports read by block name.
 from __future__ import annotations
 
 import tvm
-from tvm import s_tir, tirx
+from tvm import s_tir
 
 
 def partition_edges(mod, edges: list[tuple[str, list[int]]]):
@@ -27,12 +27,9 @@ def partition_edges(mod, edges: list[tuple[str, list[int]]]):
     sch = s_tir.Schedule(mod)
     for name, depths in edges:
         block, base = sch.get_sblock(name), 0
-        for depth in depths:
+        for depth in depths:  # llvm_emit._edges keeps loops of two trips or more
             loop = sch.get_loops(block)[depth - base]
-            trips = sch.get(loop).extent
-            if not isinstance(trips, tirx.IntImm) or trips.value < 2:
-                continue
-            inside = sch.loop_partition(loop, [trips.value - 1])[0]
+            inside = sch.loop_partition(loop, [sch.get(loop).extent.value - 1])[0]
             # The first part sits in a block of its own: its loops count from the split one.
             block, base = sch.get_child_blocks(inside)[0], depth
     return tvm.IRModule({"main": sch.mod["main"]})

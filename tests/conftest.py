@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).parents[1] / "bench"))  # plans.parse_plan
 # The `host` preset applies this machine's calibration profile when one exists; the tests must not
 # depend on whether the developer ran `tune hardware host --calibrate`, so they see an empty store.
 os.environ["CACHETILE_PROFILES"] = tempfile.mkdtemp(prefix="cachetile-test-profiles-")
@@ -36,17 +37,14 @@ XEON = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, calibr
 
 
 def gemm_plan(dims: dict, spec: str, hardware: Hardware):
-    """(workload, plan) of a gemm and a plan written `order:m,n,k` per level, innermost first,
-    levels apart by `|`."""
+    """(workload, plan) of a gemm and a plan written as bench/plans.py reads one (`order:m,n,k`
+    per level, innermost first)."""
+    from plans import parse_plan
+
     from cachetile import make_plan
 
     w = builtin("gemm", dims)
-    orders, tiles = [], []
-    for level in spec.split("|"):
-        order, tile = level.split(":")
-        orders.append(list(order))
-        tiles.append(dict(zip("mnk", map(int, tile.split(",")))))
-    return w, make_plan(w, hardware, orders, tiles)
+    return w, make_plan(w, hardware, *parse_plan(spec))
 
 
 def random_case(rng: random.Random, max_extent: int = 9, max_levels: int = 3):
