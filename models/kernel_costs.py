@@ -185,8 +185,22 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         if site.key is None:
             streamed = stream(nbytes, source, shared)
         else:
-            # Read where the links' DV would have read it: from the level that keeps the whole source.
-            streamed = stream(nbytes, None, shared, level=keeping_level(hardware, source, True) - 1)
+            # Read where the links' DV would have read it: the first pass over the source (each
+            # core's, when the parallel loop does not split the source) from the level that keeps
+            # it whole; each copy again of a block from the level that keeps what the loops sweep of
+            # the source in between (_reuse_slice), L1's link at the least unless all of it stays in
+            # L1 (copy_ops counts nothing for an affine window, which the free register link would
+            # then copy for nothing).
+            # gemm 197x2304x768 copying B in 10x48 blocks again for each 13-row tile reads B's 10
+            # rows (92 KiB) from L2, not from L3 where all of B (7 MB) lives: its copy loops took
+            # 1.53 ms of 3.48, predicted 1.57 so and 2.06 before (BENCHMARKS.md, "Residual session").
+            pick = parallel[op.name][0] if op.name in parallel else None
+            apart = cores if pick in above and pick[0] not in workload.tensors[site.tensor].loops else 1
+            once = min(nbytes, source * apart)
+            reach = min(source, _reuse_slice(workload, eff, padded, site, above) * elem)
+            home = keeping_level(hardware, source, True) - 1
+            streamed = stream(once, None, shared, level=home)
+            streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
         costs.copy_seconds += streamed
@@ -372,6 +386,24 @@ def _above(workload: Workload, orders, site) -> list:
         return []
     positions = walk(workload, orders, next(o for o in workload.ops if o.name == site.op))
     return positions[: positions.index(site.key) + 1]
+
+
+def _reuse_slice(workload: Workload, tiles, padded, site, above) -> float:
+    """Elements of the copy's source that its loops sweep between two copies of one block: within
+    one trip of the innermost loop above the copy that does not index the source (inf when every
+    loop above indexes it: each block is copied once). `tiles` effective, `above` _above's."""
+    dims = workload.tensors[site.tensor].loops
+    reuse = next((i for i in reversed(range(len(above))) if above[i][0] not in dims
+                  and trips(tiles, padded, *above[i]) > 1), None)
+    if reuse is None:
+        return float("inf")
+    outside = above[: reuse + 1]
+    tile = {}
+    for x in workload.dims:
+        levels = [j for y, j in outside if y == x]
+        k = min(levels) if levels else len(tiles)
+        tile[x] = tiles[k][x] if k < len(tiles) else padded[x]
+    return _prod(ix.span(tile) for ix in workload.index(site.tensor))
 
 
 def _fills(workload: Workload, tiles, padded, site, above) -> tuple[float, float]:

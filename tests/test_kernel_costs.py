@@ -11,7 +11,7 @@ from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
 
 from cachetile import builtin, make_plan, preset, tune
 from cachetile.backends.llvm_build import build
-from cachetile.models.kernel_costs import kernel_costs
+from cachetile.models.kernel_costs import kernel_costs, parallel_ops
 from cachetile.models.objective import charged_dv
 from cachetile.models.hardware import Hardware, Level
 
@@ -121,6 +121,30 @@ def test_a_copy_inside_the_loop_nest_reads_the_refills_the_links_would_carry():
     assert predicted["in place"] < predicted["blocks"] < predicted["root"]
     # A copy at the root fills the buffer the loops then read: it spares no link.
     assert kernel_costs(w, hw, *plans["root"]).relief == [0.0] * 4
+
+
+def test_a_block_copied_again_is_read_from_the_cache_that_keeps_what_the_loops_swept_since():
+    """gemm 64x4096x1024 on the Intel Xeon's figures (conftest.XEON), B (16 MiB, kept by L3) copied
+    in 64x128 blocks under 16-row tiles. With n, m, k outermost, each core walks its own columns
+    of B (n is the parallel loop) and copies a block again for each of 4 row tiles, after a sweep
+    of 1024x128 floats (512 KiB, kept by L2): the first pass over B comes from L3 (L2's link), the
+    three others from L2 (L1's link). With k, m, n outermost, m is the parallel loop: each core
+    copies every block once from L3, then again from L2 for its second row tile, after a sweep
+    of 64 rows of B (1 MiB). A (256 KiB, kept by L2) is read from L2 either way: copied again
+    for each column block, or once."""
+    hw = XEON
+    w = builtin("gemm", {"m": 64, "n": 4096, "k": 1024})
+    tiles = [{"m": 4, "n": 32, "k": 1}, {"m": 4, "n": 32, "k": 64}, {"m": 16, "n": 128, "k": 64},
+             {"m": 16, "n": 128, "k": 64}]
+    b, a = w.size("B") * w.elem_bytes, w.size("A") * w.elem_bytes
+    for top, parallel, b_from_l3, a_copies in ((["n", "m", "k"], "n", b, 32), (["k", "m", "n"], "m", 2 * b, 1)):
+        orders = [["m", "n", "k"]] * 3 + [top]
+        costs = kernel_costs(w, hw, orders, tiles)
+        assert parallel_ops(w, orders, tiles, hw.cores)["gemm"][0] == (parallel, 3)
+        copied = {t: simulate_dv(w, orders, tiles, 3, {t}) for t in ("A", "B")}
+        assert [(t, nbytes) for t, _, nbytes, *_ in costs.copies] == [("A", copied["A"]), ("B", copied["B"])]
+        assert (copied["A"], copied["B"]) == (a_copies * a, 4 * b)
+        assert costs.read_bytes == [0.0, copied["A"] + copied["B"] - b_from_l3, b_from_l3, 0.0]
 
 
 def test_copies_take_the_longer_of_what_their_loops_issue_and_their_streams():
