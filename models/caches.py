@@ -530,15 +530,16 @@ def output_plan(workload: Workload, orders, op: Op, tiles, padded) -> OutputPlan
 
 
 def holder_block(workload: Workload, orders, op: Op, tiles, padded, holder: Position,
-                 inclusive: bool = False) -> list[int]:
+                 inclusive: bool = False, dims=None) -> list[int]:
     """The shape of the output's block under `holder` (output_plan's contiguous buffer): per
     output dim, the tile of the level above the outermost position under the holder that walks
     it (the register tile when none does). `inclusive`: the block the holder's own loop walks
-    too (what a zeroing pass decomposed at that loop covers)."""
+    too (what a zeroing pass decomposed at that loop covers). `dims`: those loops' extents
+    instead of the output's dims (what one trip of the holder sweeps of an input)."""
     positions = walk(workload, orders, op)
     under = positions[positions.index(holder) + (0 if inclusive else 1):]
     shape = []
-    for x in workload.tensors[op.output].dims:
+    for x in workload.tensors[op.output].dims if dims is None else dims:
         j = max((level for y, level in under if y == x), default=-1)
         shape.append(tiles[j + 1][x] if j + 1 < len(tiles) else padded[x])
     return shape

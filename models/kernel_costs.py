@@ -173,10 +173,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
         above = _above(workload, orders, site)
         fills, block = _fills(workload, eff, padded, site, above)
         op = next(o for o in workload.ops if o.name == site.op)
+        pick = parallel[op.name][0] if op.name in parallel else None
         if site.key is None:
             shared = root_shared
         else:
-            shared = cores if op.name in parallel and parallel[op.name][0] in above else 1  # inside the parallel loop
+            shared = cores if pick in above else 1  # inside the parallel loop
         nbytes = fills * block * elem
         costs.copy_bytes[site.level] += nbytes
         costs.copies.append((site.tensor, site.level, nbytes, block * elem, site.key))
@@ -194,10 +195,9 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             # gemm 197x2304x768 copying B in 10x48 blocks again for each 13-row tile reads B's 10
             # rows (92 KiB) from L2, not from L3 where all of B (7 MB) lives: its copy loops took
             # 1.53 ms of 3.48, predicted 1.57 so and 2.06 before (BENCHMARKS.md, "Residual session").
-            pick = parallel[op.name][0] if op.name in parallel else None
             apart = cores if pick in above and pick[0] not in workload.tensors[site.tensor].loops else 1
             once = min(nbytes, source * apart)
-            reach = min(source, _reuse_slice(workload, eff, padded, site, above) * elem)
+            reach = min(source, _reuse_slice(workload, orders, op, eff, padded, site, above) * elem)
             home = keeping_level(hardware, source, True) - 1
             streamed = stream(once, None, shared, level=home)
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
@@ -388,21 +388,15 @@ def _above(workload: Workload, orders, site) -> list:
     return positions[: positions.index(site.key) + 1]
 
 
-def _reuse_slice(workload: Workload, tiles, padded, site, above) -> float:
+def _reuse_slice(workload: Workload, orders, op, tiles, padded, site, above) -> float:
     """Elements of the copy's source that its loops sweep between two copies of one block: within
     one trip of the innermost loop above the copy that does not index the source (inf when every
     loop above indexes it: each block is copied once). `tiles` effective, `above` _above's."""
-    dims = workload.tensors[site.tensor].loops
-    reuse = next((i for i in reversed(range(len(above))) if above[i][0] not in dims
-                  and trips(tiles, padded, *above[i]) > 1), None)
+    loops = workload.tensors[site.tensor].loops
+    reuse = next((p for p in reversed(above) if p[0] not in loops and trips(tiles, padded, *p) > 1), None)
     if reuse is None:
         return float("inf")
-    outside = above[: reuse + 1]
-    tile = {}
-    for x in workload.dims:
-        levels = [j for y, j in outside if y == x]
-        k = min(levels) if levels else len(tiles)
-        tile[x] = tiles[k][x] if k < len(tiles) else padded[x]
+    tile = dict(zip(loops, holder_block(workload, orders, op, tiles, padded, reuse, dims=loops)))
     return _prod(ix.span(tile) for ix in workload.index(site.tensor))
 
 
