@@ -56,3 +56,23 @@ def test_a_plan_spelled_by_bench_plans_reads_back_as_the_same_plan():
     assert plan_spec(plan, " / ") == text.replace("/", " / ")
     assert parse_plan(text.replace("/", " | ")) == parse_plan(plan_spec(plan, " / "))
     assert parse_plan(text)[1][1] == {"m": 6, "n": 64, "k": 16}
+
+
+def test_the_reload_sweeps_count_each_visit_of_a_register_tile_as_the_simulator_refills_it():
+    """bench/reloads.py's visits per core: every register tile of the padded output once per K
+    steps. Where the tiles divide the output, that is how often the brute-force simulator
+    refills the register tile's block of C; where they do not, the padded tiles count (the
+    kernel computes them: 20 rows under 18-row L2 blocks run as 36, as sweep A's 197 run as 216)."""
+    from plans import parse_plan
+    from reloads import visits
+    from simulator import simulate_dv
+
+    from cachetile import builtin
+
+    for rows, tiles_m in ((36, 4), (20, 4)):
+        w = builtin("gemm", {"m": rows, "n": 64, "k": 24})
+        for k_tile in (3, 6, 24):
+            orders, tiles = parse_plan(f"mnk:9,32,1/kmn:9,32,{k_tile}/mnk:18,64,24/mnk:{rows},64,24")
+            assert visits(w, tiles, k_tile, 2) * 2 == tiles_m * 2 * (24 // k_tile)
+            if rows % 18 == 0:
+                assert simulate_dv(w, orders, tiles, 0, {"C"}) == tiles_m * 2 * (24 // k_tile) * 9 * 32 * w.elem_bytes
