@@ -35,6 +35,14 @@ def parse_plan(text: str) -> tuple[list[list[str]], list[dict[str, int]]]:
     return orders, tiles
 
 
+def median_seconds(workload, hw, plans, rounds: int) -> list[float]:
+    """Each plan built by the LLVM backend and timed in turn over `rounds` fresh rounds
+    (kernels.time_interleaved): its median seconds."""
+    libs = [llvm().build(workload, hw, p).lib.mod for p in plans]
+    return [statistics.median(t)
+            for t in time_interleaved([(libs, workload)], rounds, repeat=1, rng=random.Random(0))[0]]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("shape", help="M,N,K")
@@ -53,8 +61,7 @@ def main() -> None:
     use_all_cores(hw)
     w = builtin("gemm", {"m": m, "n": n, "k": k})
     plans = [tune(w, hw).plan if text == "returned" else make_plan(w, hw, *parse_plan(text)) for text in args.plans]
-    libs = [llvm().build(w, hw, p).lib.mod for p in plans]
-    times = time_interleaved([(libs, w)], args.rounds, repeat=1, rng=random.Random(0))[0]
+    times = median_seconds(w, hw, plans, args.rounds)
     a, b = np.random.rand(m, k).astype("float32"), np.random.rand(k, n).astype("float32")
     runs = []
     for _ in range(30):
@@ -62,8 +69,8 @@ def main() -> None:
         a @ b
         runs.append(time.perf_counter() - start)
     numpy = statistics.median(runs)
-    rows = [(plan_spec(p, " / "), f"{p.predicted_seconds * 1e3:.3f}", f"{statistics.median(t) * 1e3:.3f}",
-             f"{numpy / statistics.median(t):.2f}") for p, t in zip(plans, times)]
+    rows = [(plan_spec(p, " / "), f"{p.predicted_seconds * 1e3:.3f}", f"{t * 1e3:.3f}", f"{numpy / t:.2f}")
+            for p, t in zip(plans, times)]
     print(f"gemm {m}x{n}x{k}, {args.rounds} rounds; numpy {numpy * 1e3:.3f} ms; hardware {hw.name}: {hw.source or ''}\n")
     print(table(("plan", "predicted ms", "measured ms", "kernel / numpy"), rows))
 

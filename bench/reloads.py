@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import argparse
 import math
-import random
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from kernels import llvm, time_interleaved  # noqa: E402
-from plans import parse_plan  # noqa: E402
+from plans import median_seconds, parse_plan  # noqa: E402
 from solve_times import table  # noqa: E402
 
 # name: (m, n, k), the plan with {K} for the swept k tile, the K values (largest last)
@@ -51,15 +48,15 @@ def sweep_rows(name: str, hw, rounds: int) -> list[tuple]:
     (m, n, k), text, ks = SWEEPS[name]
     w = builtin("gemm", {"m": m, "n": n, "k": k})
     plans = [make_plan(w, hw, *parse_plan(text.format(K=K))) for K in ks]
-    libs = [llvm().build(w, hw, p).lib.mod for p in plans]
-    times = [statistics.median(t) for t in time_interleaved([(libs, w)], rounds, repeat=1, rng=random.Random(0))[0]]
+    times = median_seconds(w, hw, plans, rounds)
     counts = [visits(w, [lv.tile for lv in p.levels], K, hw.cores) for p, K in zip(plans, ks)]
     rows = []
     for K, p, t, v in zip(ks, plans, times, counts):
-        extra = v - counts[-1]
-        per = (lambda a, b: f"{(a - b) / extra * 1e9:.1f}") if extra > 0 else (lambda a, b: "")
+        extra = v - counts[-1]  # against the largest K, the last: its own row is left blank
+        measured = f"{(t - times[-1]) / extra * 1e9:.1f}" if extra > 0 else ""
+        predicted = f"{(p.predicted_seconds - plans[-1].predicted_seconds) / extra * 1e9:.1f}" if extra > 0 else ""
         rows.append((name, f"{m}x{n}x{k}", text.format(K=K).replace("/", " / "), K, f"{p.predicted_seconds * 1e3:.3f}",
-                     f"{t * 1e3:.3f}", per(t, times[-1]), per(p.predicted_seconds, plans[-1].predicted_seconds)))
+                     f"{t * 1e3:.3f}", measured, predicted))
     return rows
 
 
