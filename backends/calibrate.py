@@ -99,8 +99,38 @@ def loads_per_step(rows: int, vectors: int) -> int:
     return rows + vectors
 
 
-# (rows, vectors) of the two register tiles fit_peak_and_registers solves from -> loads per k step
-LOADS = {tile: loads_per_step(*tile) for tile in ((4, 4), (16, 1))}
+def _fits(rows: int, vectors: int, registers: int) -> bool:
+    """Whether a rows x vectors tile's accumulators, B's vectors and A's broadcast fit `registers`
+    vector registers (what SimdCpu.op_registers counts for a gemm tile)."""
+    return rows * vectors + vectors + 1 <= registers
+
+
+def tile_accumulators(registers: int) -> int:
+    """Accumulator vectors of the calibration's register tiles: 16 where 32 registers hold them
+    (AVX-512), fewer on 16 registers (AVX2), where a 16-accumulator tile spills: 4x4 and 16x1 ran
+    30 and 29 GFLOP/s on one core of the AMD EPYC Zen 3 of BENCHMARKS.md, 6x2 72 and 4x2 82."""
+    return min(16, registers - 4)
+
+
+def peak_tiles(registers: int) -> dict[tuple[int, int], int]:
+    """(rows, vectors) of the two register tiles fit_peak_and_registers solves from -> loads per k
+    step: the widest tile of tile_accumulators that fits the registers (4 vectors, else 2), then
+    the same accumulators one vector wide, about one load per FMA."""
+    acc = tile_accumulators(registers)
+    vectors = 4 if _fits(acc // 4, 4, registers) else 2
+    return {tile: loads_per_step(*tile) for tile in ((acc // vectors, vectors), (acc, 1))}
+
+
+def fed_tiles(registers: int) -> tuple[tuple[int, int], ...]:
+    """(rows, vectors) of the packed micro-kernels fed_shares times: one, two and four vectors
+    wide, tile_accumulators each where they fit (enough chains on every machine measured); the
+    four-vector tile takes the rows that fit (two on 16 registers)."""
+    acc = tile_accumulators(registers)
+    rows4 = max(r for r in range(1, acc // 4 + 1) if _fits(r, 4, registers) or r == 1)
+    return (acc, 1), (acc // 2, 2), (rows4, 4)
+
+
+LOADS = peak_tiles(32)  # AVX-512's, the default of the fits below
 SPILLS = 8  # tiles taking turns in the accumulator kernel: more than the registers hold
 ACCUMULATORS = 8  # independent accumulator vectors in the streaming kernel
 RUN_ROUNDS = 3  # strided and contiguous streams timed in turn, for the run start's median ratio
@@ -120,9 +150,6 @@ REGION_ROUNDS = 7  # pairs of the region loop timed with and without its paralle
 # BENCHMARKS.md, 5 to 12 KiB gave 0.13 to 0.89 from one run to the next, 3 KiB 0.13 to 0.24.
 STRIDE_SPREADS = (4, 8, 12)
 STRIDE_ROUNDS = 5
-# (rows, vectors) of the packed micro-kernels fed_shares times: one, two and four vectors wide, 16
-# accumulators each (enough chains on every machine measured).
-FED_TILES = ((16, 1), (8, 2), (4, 4))
 FED_ROUNDS = 3
 # Two micro-kernels whose rates are within this share of each other run at the same speed: on the
 # Intel Xeon of BENCHMARKS.md, three runs gave the two- and four-vector tiles fed from L2 within 3% of
@@ -185,35 +212,36 @@ def micro_kernel_seconds(threads: int, rows: int, vectors: int, lanes: int, k: i
     return seconds, flops, steps
 
 
-def micro_kernel_runs(threads: int, lanes: int, k: int) -> list[tuple[float, float, int]]:
-    """micro_kernel_seconds for the two tiles of LOADS and the first with its accumulators spilled
-    (SPILLS tiles taking turns): what fit_peak_and_registers and fit_accumulators solve from."""
-    runs = [micro_kernel_seconds(threads, rows, vectors, lanes, k) for rows, vectors in LOADS]
-    rows, vectors = next(iter(LOADS))
+def micro_kernel_runs(threads: int, lanes: int, k: int, loads: dict = LOADS) -> list[tuple[float, float, int]]:
+    """micro_kernel_seconds for the two tiles of `loads` (peak_tiles) and the first with its
+    accumulators spilled (SPILLS tiles taking turns): what fit_peak_and_registers and
+    fit_accumulators solve from."""
+    runs = [micro_kernel_seconds(threads, rows, vectors, lanes, k) for rows, vectors in loads]
+    rows, vectors = next(iter(loads))
     return [*runs, micro_kernel_seconds(threads, rows, vectors, lanes, max(1, k // SPILLS), SPILLS)]
 
 
-def scaling(kernels: dict, cores: int, vector_bytes: int) -> float:
+def scaling(kernels: dict, cores: int, vector_bytes: int, loads: dict = LOADS) -> float:
     """How many times the one-core peak the micro-kernels reached on all `cores` (micro_kernel_runs
     per thread count, fitted as fit_peak_and_registers fits them)."""
     lanes = vector_bytes // 4
-    one, every = (fit_peak_and_registers(*kernels[t][:2], lanes, vector_bytes)[0] for t in (1, cores))
+    one, every = (fit_peak_and_registers(*kernels[t][:2], lanes, vector_bytes, loads)[0] for t in (1, cores))
     return every / one
 
 
 def settle_all_cores(kernels: dict, cores: int, vector_bytes: int, retime: Callable[[], list],
-                     step: Callable[[str], None] = lambda message: None) -> list[str]:
+                     step: Callable[[str], None] = lambda message: None, loads: dict = LOADS) -> list[str]:
     """Time the all-core micro-kernels again (`retime`: micro_kernel_runs on all cores) while they
     scale below SCALES x cores over one core, up to PEAK_RETRIES times, each kernel keeping its
     fastest time in `kernels`; the profile's notes: a sentence when the scaling stays short. (One
     core scales 1x, above SCALES: nothing to time again.)"""
-    scaled = scaling(kernels, cores, vector_bytes)
+    scaled = scaling(kernels, cores, vector_bytes, loads)
     for _ in range(PEAK_RETRIES):
         if scaled >= SCALES * cores:
             break
         step(f"micro-kernels on {cores} cores again: {scaled:.2f}x one core's rate")
         kernels[cores] = [min(a, b) for a, b in zip(kernels[cores], retime())]  # (seconds, ...): the faster
-        scaled = scaling(kernels, cores, vector_bytes)
+        scaled = scaling(kernels, cores, vector_bytes, loads)
     if scaled >= SCALES * cores:
         return []
     return [f"the micro-kernel on {cores} cores reached {scaled:.2f}x its one-core rate: another tenant may "
@@ -262,27 +290,28 @@ def seconds_in_turn(kernels, rounds: int) -> list[float]:
     return [statistics.median(t) for t in times]
 
 
-def fed_shares(threads: int, lanes: int, l2_bytes: int, rounds: int = FED_ROUNDS) -> list[tuple[float, float]]:
-    """(vectors across the tile, share) for the packed micro-kernels of FED_TILES, their panels a
+def fed_shares(threads: int, lanes: int, l2_bytes: int, rounds: int = FED_ROUNDS,
+               tiles: tuple = fed_tiles(32)) -> list[tuple[float, float]]:
+    """(vectors across the tile, share) for the packed micro-kernels `tiles` (fed_tiles), their panels a
     third of L2 deep, so that they stream from L2: each one's rate over the fastest one's (in L1
     they all reach the peak, as the micro-kernels of fit_peak_and_registers show); a share within
     NOISE of 1 is 1. The kernels are timed in turn in each of `rounds` rounds."""
     runs = [micro_kernel(threads, rows, vectors, lanes, l2_bytes // 3 // ((rows + vectors * lanes) * 4), packed=True)
-            for rows, vectors in FED_TILES]
+            for rows, vectors in tiles]
     rates = [run[2] / t for run, t in zip(runs, seconds_in_turn(runs, rounds))]
     shares = [rate / max(rates) for rate in rates]
-    return [(float(vectors), 1.0 if share >= NOISE else share) for (_, vectors), share in zip(FED_TILES, shares)]
+    return [(float(vectors), 1.0 if share >= NOISE else share) for (_, vectors), share in zip(tiles, shares)]
 
 
 def stride_stalls(threads: int, lanes: int, l1_bytes: int, fill: float, spreads=STRIDE_SPREADS,
-                  rounds: int = STRIDE_ROUNDS) -> list[tuple[float, float]]:
-    """(B's row stride in bytes, share) for the 4x4 micro-kernel reading B from L2 with its rows
+                  rounds: int = STRIDE_ROUNDS, tile: tuple[int, int] = next(iter(LOADS))) -> list[tuple[float, float]]:
+    """(B's row stride in bytes, share) for the micro-kernel `tile` (4x4 on AVX-512) reading B from L2 with its rows
     contiguous (share 0), then `spreads` panel widths apart: the time each adds to the contiguous
     kernel's, over the time the link filling L1 (`fill`, bytes/s) takes for B's bytes. B is a
     quarter deeper than L1 holds, so it streams from L2, but no deeper: rows far apart use a few of
     L2's sets, and a deep B would overflow those as well (12 KiB rows 256, 384 and 768 deep: 0.32,
     1.95 and 4.75 on the Intel Xeon of BENCHMARKS.md). The kernels are timed in turn in each round."""
-    rows, vectors = next(iter(LOADS))
+    rows, vectors = tile
     panel = vectors * lanes * 4
     k = -(-5 * l1_bytes // 4 // panel)
     kernels = [micro_kernel(threads, rows, vectors, lanes, k, width=s * vectors * lanes) for s in (1, *spreads)]
@@ -533,16 +562,16 @@ def region_and_call_seconds(threads: int, outer: int = 2000, rounds: int = REGIO
 
 
 def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, int], lanes: int,
-                           vector_bytes: int) -> tuple[float, float]:
+                           vector_bytes: int, loads: dict = LOADS) -> tuple[float, float]:
     """Peak FLOP/s and register bytes/s from two micro-kernels (seconds, flops, k steps) with the
-    loads per step of LOADS, solving seconds = flops / peak + load bytes / bandwidth. Kernels
+    loads per step of `loads` (peak_tiles), solving seconds = flops / peak + load bytes / bandwidth. Kernels
     within NOISE of each other's rate say the loads cost nothing measurable: the faster one's
     rate is the peak, and the registers are free."""
     (s1, f1, k1), (s2, f2, k2) = a, b
     rates = (f1 / s1, f2 / s2)
     if min(rates) >= NOISE * max(rates):
         return max(rates), 1e18
-    l1, l2 = [LOADS[t] * vector_bytes * k for t, k in zip(LOADS, (k1, k2))]
+    l1, l2 = [loads[t] * vector_bytes * k for t, k in zip(loads, (k1, k2))]
     matrix = np.array([[f1, l1], [f2, l2]], dtype=float)
     inv_peak, inv_bw = np.linalg.solve(matrix, np.array([s1, s2]))
     # Finite stand-ins for "too fast to measure": the profile is JSON, where inf has no spelling.
@@ -554,24 +583,32 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
 
 
 def fit_fma_chains(chained: tuple[float, float, int], vectors: int, peak: float, registers: float,
-                   vector_bytes: int) -> float:
+                   vector_bytes: int, narrow: tuple[float, float, int] | None = None) -> float:
     """The accumulator vectors the FMA pipes need in flight, from a register tile of `vectors`
     accumulators, one vector wide (seconds, flops, k steps as micro_kernel_seconds returns them),
     and the peak and register bandwidth fitted on the same cores: `vectors` over the share of the
     time those two predict that it took. A tile that reaches the peak only says the pipes need
-    no more than `vectors`: FMA_CHAINS, the least a plan holds, stands."""
+    no more than `vectors`: FMA_CHAINS, the least a plan holds, stands.
+
+    `narrow`: the fit's one-vector tile of more accumulators (peak_tiles), timed on the same core.
+    Where it ran slower than the peak and registers explain, what slows a one-vector tile is not
+    its chains (on the AMD EPYC Zen 3 of BENCHMARKS.md, A's broadcasts: 12x1 and 8x1 ran 44 and 42
+    GFLOP/s, 4x2 82, at the peak), so the chained tile is held to the narrow one's rate instead."""
     seconds, flops, steps = chained
     expected = flops / peak + loads_per_step(vectors, 1) * vector_bytes * steps / registers
+    if narrow is not None:
+        expected = max(expected, flops * narrow[0] / narrow[1])
     return max(float(FMA_CHAINS), vectors * seconds / expected)
 
 
-def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: float, vector_bytes: int) -> float:
-    """Bytes/s of accumulators stored and reloaded (both ways), from the 4 x 4 tile whose
+def fit_accumulators(spilled: tuple[float, float, int], peak: float, registers: float, vector_bytes: int,
+                     loads: dict = LOADS) -> float:
+    """Bytes/s of accumulators stored and reloaded (both ways), from the wide tile of `loads` whose
     accumulators spill at every k step: its time less what the peak and the register loads
     explain (seconds, flops, k steps as micro_kernel_seconds returns them)."""
     seconds, flops, steps = spilled
-    rows, vectors = next(iter(LOADS))
-    rest = seconds - flops / peak - LOADS[(rows, vectors)] * vector_bytes * steps / registers
+    rows, vectors = next(iter(loads))
+    rest = seconds - flops / peak - loads[(rows, vectors)] * vector_bytes * steps / registers
     moved = 2.0 * rows * vectors * vector_bytes * steps
     return moved / rest if rest > moved / 1e18 else 1e18  # finite "free" (JSON has no inf)
 
@@ -643,7 +680,10 @@ def calibrate(progress: Progress | None = None) -> Profile:
     vector_bytes, cores = hw.vector_bytes, hw.cores
     lanes = vector_bytes // 4
     l1 = hw.levels[1].capacity_bytes if len(hw.levels) > 1 else 32768
-    k = max(8, min(256, l1 // 2 // (4 * 4 * lanes)))  # the 4 x 4-vector tile's B panel fills half of L1
+    registers = hw.levels[0].capacity_bytes // vector_bytes
+    loads = peak_tiles(registers)
+    wide = next(iter(loads))
+    k = max(8, min(256, l1 // 2 // (wide[1] * 4 * lanes)))  # the wide tile's B panel fills half of L1
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
@@ -673,7 +713,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     stream: dict[str, dict] = {name: {} for name in [lv.name for lv in hw.levels[1:]] + ["memory"]}
     for threads in counts:
         step(f"micro-kernels on {threads} core(s)")
-        kernels[threads] = micro_kernel_runs(threads, lanes, k)
+        kernels[threads] = micro_kernel_runs(threads, lanes, k, loads)
         for name in stream:
             step(f"streaming from {name} on {threads} core(s)")
             if name == "memory":
@@ -701,9 +741,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
     strides = fed = None
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
-        strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores])
+        strides = stride_stalls(cores, lanes, hw.levels[1].capacity_bytes, stream[hw.levels[2].name][cores], tile=wide)
         step(f"register tiles fed from L2 on {cores} core(s)")
-        fed = fed_shares(cores, lanes, hw.levels[2].capacity_bytes)
+        fed = fed_shares(cores, lanes, hw.levels[2].capacity_bytes, tiles=fed_tiles(registers))
     step("packing copies on 1 core")
     copy_vector, copy_element = copy_seconds(lanes, vector=True), copy_seconds(lanes, vector=False)
     handoff = sharing = None
@@ -714,14 +754,14 @@ def calibrate(progress: Progress | None = None) -> Profile:
         sharing = shared_line_seconds(cores, lanes) or None
     step("parallel regions and calls")
     region, call = region_and_call_seconds(cores)
-    notes = settle_all_cores(kernels, cores, vector_bytes, lambda: micro_kernel_runs(cores, lanes, k), step)
-    peak, registers, accumulators = {}, {}, {}
+    notes = settle_all_cores(kernels, cores, vector_bytes, lambda: micro_kernel_runs(cores, lanes, k, loads), step, loads)
+    peak, register_bw, accumulators = {}, {}, {}
     for threads, (a, b, spilled) in kernels.items():
-        peak[threads], registers[threads] = fit_peak_and_registers(a, b, lanes, vector_bytes)
-        accumulators[threads] = fit_accumulators(spilled, peak[threads], registers[threads], vector_bytes)
+        peak[threads], register_bw[threads] = fit_peak_and_registers(a, b, lanes, vector_bytes, loads)
+        accumulators[threads] = fit_accumulators(spilled, peak[threads], register_bw[threads], vector_bytes, loads)
     step("a register tile of few accumulators on 1 core")
     chained = micro_kernel_seconds(1, FMA_CHAINS, 1, lanes, k)
-    chains = fit_fma_chains(chained, FMA_CHAINS, peak[1], registers[1], vector_bytes)
+    chains = fit_fma_chains(chained, FMA_CHAINS, peak[1], register_bw[1], vector_bytes, kernels[1][1])
     report(1.0, "done")
 
     def figure(values: dict) -> Figure:
@@ -729,11 +769,11 @@ def calibrate(progress: Progress | None = None) -> Profile:
 
     streams = {name: figure(v) for name, v in stream.items()}
     names = [lv.name for lv in hw.levels]
-    fill = {names[0]: figure(registers)}
+    fill = {names[0]: figure(register_bw)}
     fill |= {name: streams[outer] for name, outer in zip(names[1:], [*names[2:], "memory"])}
     return Profile(
         key=host_key(hw), cpu=_cpu_model(), created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(registers),
+        seconds=time.perf_counter() - start, cores=cores, peak_flops=figure(peak), register_bandwidth=figure(register_bw),
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),

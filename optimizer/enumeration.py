@@ -46,7 +46,7 @@ def _grid(space: Space) -> np.ndarray:
 
 class _Search:
     def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None,
-                 beam: int | None = None):
+                 beam: int | None = None, deep: bool = False):
         self.space, self.deadline, self.best, self.beam = space, deadline, best, beam
         grid = _grid(space)
         self.grid = grid
@@ -67,7 +67,11 @@ class _Search:
                 rows = self.rows[j]
                 ok = np.zeros(len(rows), dtype=bool)
                 for seed in register_rows:
-                    ok |= np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
+                    nests = np.logical_and.reduce([space.legal(x, seed[i], rows[:, i], 0) for i, x in enumerate(space.loops)])
+                    if deep:  # and leave that seed a reduction loop around it (Target.reduction_room)
+                        nests &= space.target.reduction_room(space.workload, {x: rows[:, i] for i, x in enumerate(space.loops)},
+                                                             dict(zip(space.loops, seed)))
+                    ok |= nests
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
         # What the outermost tile's per-core sweeps (objective.core_sweeps) fit, as swept gives them.
@@ -366,10 +370,17 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     around, seeds = _ladders(space, seeds)
     status, evaluated = "timeout", 0
     for beam in BEAMS:
-        search = _Search(around, deadline if beam == BEAMS[0] else wider, best, seeds, beam=beam)
+        # The greedy dive first keeps to outer tiles that leave a seed its reduction loop
+        # (Target.reduction_room), then, if it found no plan there, dives among all.
+        deep = beam == BEAMS[0]
+        search = _Search(around, deadline if beam == BEAMS[0] else wider, best, seeds, beam=beam, deep=deep)
         try:
             search.run()
             status = "feasible"
+            if deep and not best.items:
+                evaluated += search.evaluated
+                search = _Search(around, deadline, best, seeds, beam=beam)
+                search.run()
         except _Timeout:
             status = "timeout"
         evaluated += search.evaluated

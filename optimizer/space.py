@@ -226,10 +226,14 @@ class Space:
         if rows is None or not times.size:
             return None
         score = times + self.objective.compute(compute_seconds(self.workload, self.hardware, None, [rows]))
+        # Tiles that leave room for the reduction loop the target needs around them come first
+        # (Target.reduction_room): a 3x3 -> 1x1 conv chain whose register tiles spanned two of its
+        # 64 channels' vectors left the 1x1 four steps, and on AVX2 no plan was admitted.
+        room = np.broadcast_to(self.target.reduction_room(self.workload, self.workload.dims, rows), score.shape)
         # Reduction tiles barely change the register model: keep the smallest of each output tile.
         outputs = sorted({x for op in self.workload.ops for x in self.workload.tensors[op.output].dims})
         keep, seen = [], set()
-        for i in np.lexsort([rows[x] for x in reversed(self.loops)] + [score]):
+        for i in np.lexsort([rows[x] for x in reversed(self.loops)] + [score, ~room]):
             key = tuple(int(rows[x][i]) for x in outputs)
             if key not in seen:
                 seen.add(key)

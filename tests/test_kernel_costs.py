@@ -155,7 +155,7 @@ def test_copies_take_the_longer_of_what_their_loops_issue_and_their_streams():
     w = builtin("gemm", {"m": 127, "n": 251, "k": 509})
     orders = [["m", "n", "k"]] * 4
     tiles = [{"m": 16, "n": 16, "k": 1}] * 3 + [{"m": 127, "n": 16, "k": 509}]
-    hw = HOST.model_copy(update={"cores": 1})
+    hw = XEON.model_copy(update={"cores": 1})  # 16-float vectors, whatever this machine has
     plain = kernel_costs(w, hw, orders, tiles)
     # A (padded to 128 rows) once, element by element; B's 509 x 16 panels (16 of them) in 16-float vectors.
     slow = kernel_costs(w, hw.model_copy(update={"copy_vector_seconds": 1e-6, "copy_element_seconds": 1e-7}),

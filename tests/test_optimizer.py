@@ -319,6 +319,37 @@ def test_the_seeded_dive_goes_on_past_children_whose_register_tiles_are_all_refu
         assert hw.target.admits(w, plan.tile_dicts(space.loops), 1, plan.orders)
 
 
+# ZEN4_ASSUMED as an AMD EPYC Zen 3 has it: AVX2's 16 registers of 32 bytes, and a 512 KiB L2.
+ZEN3_ASSUMED = {**ZEN4_ASSUMED, "vector_bytes": 32, "levels": [
+    dict(level, capacity_bytes=size) for level, size in zip(ZEN4_ASSUMED["levels"], (512, 32768, 524288, 33554432))]}
+
+
+@pytest.mark.parametrize("kind, dims, params", [
+    ("gemm", {"m": 1000, "n": 1000, "k": 1000}, {}),
+    ("conv2d", {"n": 1, "c": 128, "h": 56, "w": 56, "k": 128, "r": 3, "s": 3},
+     {"pad": 1, "groups": 128, "pointwise": 128, "layout": "nhwc"}),
+    ("conv2d", {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3}, {"pad": 1, "pointwise": 256, "layout": "nhwc"}),
+])
+def test_on_sixteen_registers_the_seeded_search_finds_plans_the_target_admits(kind, dims, params):
+    """On AVX2's 16 registers the greedy dive took outer tiles with too few reduction steps left for
+    any register tile (gemm 1000^3: an L2 tile 250x256x3; MobileNet's dw+pw: 8 channels; ResNet's
+    3x3 -> 1x1: register tiles two vectors of its 64 channels wide), under which LLVM's hoisting
+    spills and the target admits nothing: `auto` then ran its whole 10 s (gemm 1000^3) or found no
+    plan at all (both convolutions). Register tiles and outer tiles that leave the reduction loop
+    room (Target.reduction_room) now come first, and the dive finds admitted plans."""
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer import budget
+    from cachetile.optimizer.enumeration import seeded
+
+    hw = hardware_from(ZEN3_ASSUMED)
+    w = builtin(kind, dims, params=params or None)
+    space = Space(w, hw)
+    found = seeded(space, Deadline(60), 1, cap=Deadline(60, budget.SEED_WORK))
+    assert found.plans
+    for plan in found.plans:
+        assert hw.target.admits(w, plan.tile_dicts(space.loops), 1, plan.orders)
+
+
 def _seeded_both_ways(monkeypatch, dims):
     """seeded on ZEN4_ASSUMED for a gemm: (space, its seeds, the joint passes' plans alone, with the dive)."""
     from cachetile.models.hardware import hardware_from

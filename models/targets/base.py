@@ -124,6 +124,12 @@ class Target:
         """Enumerate's per-level check of whole tile rows (tiles from `level` outwards), or None."""
         return None
 
+    def reduction_room(self, workload: Workload, tile: Mapping, inner: Mapping) -> np.ndarray | bool:
+        """Whether an outer level's `tile` (arrays allowed) leaves the register tile `inner` a
+        reduction loop the target needs around it (SIMD CPUs); the search's fallback dive keeps
+        only such tiles (enumeration.seeded). True elsewhere."""
+        return True
+
     def orders_at(self, level: int, orders: list) -> list:
         """The order classes worth searching at `level`."""
         return orders
