@@ -46,8 +46,9 @@ def _grid(space: Space) -> np.ndarray:
 
 class _Search:
     def __init__(self, space: Space, deadline: Deadline, best: TopK, register_rows: np.ndarray | None = None,
-                 beam: int | None = None, deep: bool = False):
+                 beam: int | None = None, deep: bool = False, relaxed: bool = False):
         self.space, self.deadline, self.best, self.beam = space, deadline, best, beam
+        self.relaxed = relaxed  # the target admits plans by their register tiles alone (seeded's last dive)
         grid = _grid(space)
         self.grid = grid
         # Candidate tiles that fit each level by its own usage (SIMD registers hold
@@ -236,7 +237,7 @@ class _Search:
         else:
             bound = sp.objective.overlap(compute + (registers if shares else 0.0), clinks, inner)
         if level == 0:  # the orders complete the plan: what the target admits of it (Target.admits)
-            admitted = np.stack([np.broadcast_to(sp.admits([tile, *outer_tiles], (order, *outer_orders)), (len(rows),))
+            admitted = np.stack([np.broadcast_to(sp.admits([tile, *outer_tiles], None if self.relaxed else (order, *outer_orders)), (len(rows),))
                                  for order in orders])
             bound = np.where(admitted, bound, np.inf)
         guide = np.maximum(cmax, inner)
@@ -370,20 +371,17 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     around, seeds = _ladders(space, seeds)
     status, evaluated = "timeout", 0
     for beam in BEAMS:
-        # The greedy dive first keeps to outer tiles that leave a seed its reduction loop
-        # (Target.reduction_room), then, if it found no plan there, dives among all.
-        deep = beam == BEAMS[0]
-        search = _Search(around, deadline if beam == BEAMS[0] else wider, best, seeds, beam=beam, deep=deep)
-        try:
-            search.run()
-            status = "feasible"
-            if deep and not best.items:
-                evaluated += search.evaluated
-                search = _Search(around, deadline, best, seeds, beam=beam)
+        if beam == BEAMS[0]:
+            costed, status = _first_dive(around, deadline, best, seeds)
+        else:
+            search = _Search(around, wider, best, seeds, beam=beam)
+            try:
                 search.run()
-        except _Timeout:
-            status = "timeout"
-        evaluated += search.evaluated
+                status = "feasible"
+            except _Timeout:
+                status = "timeout"
+            costed = search.evaluated
+        evaluated += costed
         if status == "timeout" or (best.items and space.meets_lower_bound(best.items[0].key[0])):
             break
     plans = best.items
@@ -399,6 +397,28 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
     if plans and space.meets_lower_bound(plans[0].key[0]):
         status = "optimal"
     return SolveResult(status, plans, evaluated)
+
+
+def _first_dive(around: Space, deadline: Deadline, best: TopK, seeds: np.ndarray) -> tuple[int, str]:
+    """seeded's greedy dive (beam 1), until one finds a plan: first among outer tiles that leave a
+    seed its reduction loop (Target.reduction_room), then among all (within budget.SEED_WORK: a
+    walk under outer tiles none of whose plans the target admits is long), then admitting plans by
+    their register tiles alone, whose loops around the tile the target would refuse (on AVX2's 16
+    registers a 3x3 conv of 7 channels into a 1x1 has no other plan; it spills). Returns the plans
+    costed and `feasible`, or `timeout` once `deadline` passes."""
+    evaluated = 0
+    for deep, relaxed, work in ((True, False, None), (False, False, budget.SEED_WORK), (False, True, None)):
+        search = _Search(around, Deadline(deadline.left(), work) if work else deadline, best, seeds, beam=BEAMS[0],
+                         deep=deep, relaxed=relaxed)
+        try:
+            search.run()
+        except _Timeout:
+            if deadline.expired():
+                return evaluated + search.evaluated, "timeout"
+        evaluated += search.evaluated
+        if best.items:
+            break
+    return evaluated, "feasible"
 
 
 def _dive(space: Space, deadline: Deadline, seed: np.ndarray) -> tuple[Candidate | None, int]:

@@ -39,7 +39,8 @@ CASES = [
     ("gemm32-simd-auto", {"kind": "gemm", "dims": {"m": 32, "n": 32, "k": 32}}, SIMD, "auto", 60),
     ("gemm-simd-enumerate", {"kind": "gemm", "dims": {"m": 16, "n": 64, "k": 8}}, SIMD, "enumerate", 60),
     ("gemm-odd-simd-auto", {"kind": "gemm", "dims": {"m": 7, "n": 33, "k": 5}}, SIMD, "auto", 60),
-    ("bgemm-simd-auto", {"kind": "batch-gemm", "dims": {"b": 2, "m": 8, "n": 16, "k": 8}}, SIMD, "auto", 60),
+    # 240 s: its search takes 34 s on the AMD EPYC Zen 3 of BENCHMARKS.md, near the 36 s a 60 s limit leaves it.
+    ("bgemm-simd-auto", {"kind": "batch-gemm", "dims": {"b": 2, "m": 8, "n": 16, "k": 8}}, SIMD, "auto", 240),
     ("chain-simd-auto", {"kind": "gemm-chain", "dims": {"m": 4, "l": 8, "k": 4, "n": 16}}, SIMD, "auto", 60),
     ("gemm-f16-simd-auto", {"kind": "gemm", "dims": {"m": 16, "n": 64, "k": 16}, "dtype": "float16"}, SIMD, "auto", 60),
     ("gemm-simd-ipopt", {"kind": "gemm", "dims": {"m": 16, "n": 32, "k": 8}}, SIMD, "pyomo-ipopt", 60),

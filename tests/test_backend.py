@@ -448,7 +448,8 @@ def test_register_tile_rows_of_three_vectors_keep_their_accumulators_in_register
     of gemm 1000^3 ran at 4 GFLOP/s (252 ms; 6.3 ms split)."""
     lanes = HOST.vector_bytes // 4
     w = builtin("gemm", {"m": 64, "n": 6 * lanes, "k": 96})
-    reg = {"m": 8, "n": 3 * lanes, "k": 1}
+    # 8 rows of 3 vectors fit 32 registers; on AVX2's 16, 4 rows (12 accumulators) do.
+    reg = {"m": 8 if HOST.levels[0].capacity_bytes >= 32 * HOST.vector_bytes else 4, "n": 3 * lanes, "k": 1}
     tiles = [reg, {**reg, "k": 48}, {"m": 64, "n": 3 * lanes, "k": 48}, *[dict(w.dims)] * (len(HOST.levels) - 3)]
     built = build(w, HOST, make_plan(w, HOST, [["m", "n", "k"]] * len(HOST.levels), tiles))
     _assert_fma_loop_does_not_spill(built)
@@ -523,6 +524,8 @@ def test_register_tile_is_zeroed_before_its_reduction_loops():
     tiles hold all of k) is zeroed before its k loop, not by an init at k == 0 inside it: with
     that branch in every step LLVM stored and reloaded most accumulators at each step (vector
     stores inside the FMA loop), and the kernel ran 2x slower."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the tiles are sized for AVX-512's 32 registers of 16 floats")
     w = builtin("gemm", {"m": 66, "n": 64, "k": 96})
     reg = {"m": 11, "n": 32, "k": 1}
     tiles = [reg, reg, {"m": 66, "n": 32, "k": 96}, {"m": 66, "n": 32, "k": 96}][-len(HOST.levels):]
@@ -542,6 +545,8 @@ def test_register_tile_is_zeroed_under_its_key_when_a_copy_sits_above_it():
     moves under the key while tiling (llvm_emit._under_key), before the copy attaches between
     them and keeps the tile's init in the block. gemm 1024^3 in 23x16 tiles so ran in 61 ms with
     the init at every step, 12.9 without."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the tiles are sized for AVX-512's 32 registers of 16 floats")
     w = builtin("gemm", {"m": 92, "n": 64, "k": 96})
     tiles = [{"m": 23, "n": 16, "k": 1}, {"m": 23, "n": 16, "k": 16}, {"m": 23, "n": 16, "k": 48},
              {"m": 23, "n": 16, "k": 96}][-len(HOST.levels):]
@@ -564,6 +569,8 @@ def test_a_zero_padding_copys_odd_rows_move_in_whole_vectors_the_last_one_masked
     23x16 tiles, copied as one <100 x float>: 22.9 ms, 12.6 in 4-float vectors). It moves in
     7 whole vectors, the last masked, as kernel_costs counts; B, not padded, keeps its whole
     16-float rows."""
+    if HOST.vector_bytes != 64:
+        pytest.skip("the tiles are sized for AVX-512's 32 registers of 16 floats")
     w = builtin("gemm", {"m": 90, "n": 64, "k": 200})
     tiles = [{"m": 23, "n": 16, "k": 5}, {"m": 23, "n": 16, "k": 100}, {"m": 23, "n": 32, "k": 200},
              {"m": 46, "n": 64, "k": 200}][-len(HOST.levels):]

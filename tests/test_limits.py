@@ -70,10 +70,11 @@ def test_infeasible_gpu_hardware_is_infeasible_on_every_solver(hw, match, solver
 
 @pytest.mark.parametrize("solver", ["pyomo-scip", "pyomo-ipopt"])
 def test_pyomo_solvers_find_plans_whose_launch_no_relaxation_sees(solver):
-    """31 x 31 outputs: whole warps need a thread tile the rounded relaxation misses."""
+    """31 x 31 outputs: whole warps need a thread tile the rounded relaxation misses. (A limit of
+    10 s: pyomo-ipopt took 3.8-4.9 s here on the AMD EPYC Zen 3 of BENCHMARKS.md.)"""
     w = builtin("gemm", {"m": 31, "n": 31, "k": 1})
-    auto = tune(w, preset("v100"), "auto", time_limit=5, top=0)
-    result = tune(w, preset("v100"), solver, time_limit=5, top=0)
+    auto = tune(w, preset("v100"), "auto", time_limit=10, top=0)
+    result = tune(w, preset("v100"), solver, time_limit=10, top=0)
     assert result.solver.status in ("optimal", "feasible")
     assert result.plan.predicted_seconds <= 1.1 * auto.plan.predicted_seconds
 
