@@ -177,7 +177,6 @@ class Space:
     # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
     floor_tables: dict = field(init=False, repr=False, default_factory=dict)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
-    _coarse: Space | None = field(init=False, repr=False, default=None)  # coarse(), built once
     _best_registers: dict = field(init=False, repr=False)  # best_register_tiles, by n
 
     def __post_init__(self):
@@ -326,15 +325,8 @@ class Space:
         return terms * levels * (1 + rows / budget.ROWS_PER_UNIT)
 
     def coarse(self) -> Space:
-        """The same space over the coarse candidate sets (same objective and stages), built once:
-        setting one up ranks every register tile, 0.3 s for a gemm of 10^9 cubed."""
-        if not self.fine:
-            return self
-        if self._coarse is None:
-            coarse = {x: tile_candidates(e, False) for x, e in self.workload.dims.items()}
-            same = all(np.array_equal(self.candidates[x], c) for x, c in coarse.items())
-            self._coarse = self if same else dataclasses.replace(self, fine=False)
-        return self._coarse
+        """The same space over the coarse candidate sets (same objective and stages)."""
+        return dataclasses.replace(self, fine=False)
 
     def meets_lower_bound(self, seconds: float) -> bool:
         """True when no plan can be more than OPTIMALITY_GAP faster than `seconds`."""
