@@ -126,8 +126,9 @@ class Target:
 
     def reduction_room(self, workload: Workload, tile: Mapping, inner: Mapping) -> np.ndarray | bool:
         """Whether an outer level's `tile` (arrays allowed) leaves the register tile `inner` a
-        reduction loop the target needs around it (SIMD CPUs); the search's fallback dive keeps
-        only such tiles (enumeration.seeded). True elsewhere."""
+        reduction loop the target needs around it (SIMD CPUs): the seeded search's first dive keeps
+        to such tiles, and its seeds that leave the whole problem that room rank first
+        (enumeration._first_dive, Space.best_register_tiles). True elsewhere."""
         return True
 
     def orders_at(self, level: int, orders: list) -> list:

@@ -30,14 +30,6 @@ from .base import Target
 # 256-bit pipes, and 0.85 of it on the Intel Xeon (Emerald Rapids), which has two 512-bit pipes.
 FMA_CHAINS = 8
 
-
-def least_accumulators(registers: float) -> float:
-    """The accumulator vectors a register tile must hold (admits): FMA_CHAINS, or on a register
-    file too small to hold that many beside a tile's inputs, half of what four input vectors
-    leave. A depthwise tile holds a window of inputs about as wide as its accumulators: on AVX2's
-    16 registers no tile of 8 fits beside its window, and MobileNet's dw+pw had no plan at all
-    (AMD EPYC Zen 3, BENCHMARKS.md); 6 fit. AVX-512's 32 registers keep FMA_CHAINS."""
-    return min(float(FMA_CHAINS), (registers - 4) // 2)
 # FMAs of later register tiles the out-of-order window holds (reorder buffers of 224-512 micro-ops
 # on x86 cores since Skylake and Zen 2, about 3 micro-ops per FMA step of a small tile). When a
 # spatial loop runs right around the tile, consecutive tiles have other accumulators, and the
@@ -101,6 +93,15 @@ KEPT_STREAMS = 1
 
 def _usable_share(level, streams: int = STREAMS) -> float:
     return max(1 - streams / level.ways, 0.5) if level.ways else 1.0
+
+
+def least_accumulators(registers: float) -> float:
+    """The accumulator vectors a register tile must hold (admits): FMA_CHAINS, or on a register
+    file too small to hold that many beside a tile's inputs, half of what four input vectors
+    leave. A depthwise tile holds a window of inputs about as wide as its accumulators: on AVX2's
+    16 registers no tile of 8 fits beside its window, and MobileNet's dw+pw had no plan at all
+    (AMD EPYC Zen 3, BENCHMARKS.md); 6 fit. AVX-512's 32 registers keep FMA_CHAINS."""
+    return min(float(FMA_CHAINS), (registers - 4) // 2)
 
 
 class SimdCpu(Target):
@@ -235,8 +236,9 @@ class SimdCpu(Target):
         return tiles
 
     def admits(self, workload, tiles, stages, orders=None):
-        """Register tiles of at least FMA_CHAINS accumulator vectors per op (least_accumulators) (or all of its output,
-        when smaller), as BLIS sizes its micro-kernel from the FMA latency and pipes. With fewer,
+        """Register tiles of at least FMA_CHAINS accumulator vectors per op, fewer where the registers
+        cannot hold that many (least_accumulators), or all of its output when smaller, as BLIS sizes
+        its micro-kernel from the FMA latency and pipes. With fewer,
         the speed rests on what LLVM makes of the loops around the tile, which no DV term sees.
         72 of the 100 gemm plans bench/fidelity.py measured had 1-4 (BENCHMARKS.md, "Accumulator
         session"): those whose outer loops LLVM unrolled into a larger tile ran up to 2.7x faster
@@ -274,7 +276,7 @@ class SimdCpu(Target):
 
     def reduction_room(self, workload, tile, inner):
         """Outer tiles that hold more than SHORT_REDUCTION steps of each op's (unwindowed) reductions
-        per step of the register tile `inner`, or all of them: with fewer, the backend unrolls the
+        per step of the register tile `inner`: with fewer, the backend unrolls the
         steps into the tile's body, and the spatial loop around it hoists the inputs' blocks
         (hoisted_vectors), which 16 registers cannot hold beside a tile of 12 accumulators. gemm
         1000^3's first dive took an L2 tile 250x256x3 and MobileNet's dw+pw one of 8 channels, under
@@ -286,8 +288,7 @@ class SimdCpu(Target):
             if not reductions:
                 continue
             steps = math.prod(np.asarray(tile[x], dtype=np.float64) / inner[x] for x in reductions)
-            whole = math.prod(workload.dims[x] / inner[x] for x in reductions)
-            ok = ok & ((steps > SHORT_REDUCTION) | (steps >= whole) & (whole > SHORT_REDUCTION))
+            ok = ok & (steps > SHORT_REDUCTION)
         return ok
 
     def level_filter(self, workload, level, tiles, stages):
