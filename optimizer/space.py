@@ -177,7 +177,6 @@ class Space:
     # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
     floor_tables: dict = field(init=False, repr=False, default_factory=dict)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
-    _best_registers: dict = field(init=False, repr=False)  # best_register_tiles, by n
 
     def __post_init__(self):
         w, hw = self.workload, self.hardware
@@ -199,7 +198,6 @@ class Space:
         links = self.objective.links(moved)
         self.register_floor = 0.0
         self._registers = (None, None)
-        self._best_registers = {}  # best_register_tiles, by n
         if self.objective.shares_issue:
             # Register loads issue with the FMAs: compute + the least register time any tile allows.
             self._registers = self._register_times()
@@ -229,11 +227,6 @@ class Space:
     def best_register_tiles(self, n: int) -> np.ndarray | None:
         """The n register tiles (rows in `loops` order) with the least compute plus register-load
         floor: where a search on SIMD CPUs looks first."""
-        if n not in self._best_registers:
-            self._best_registers[n] = self._best_register_tiles(n)
-        return self._best_registers[n]
-
-    def _best_register_tiles(self, n: int) -> np.ndarray | None:
         rows, times = self._registers
         if rows is None or not times.size:
             return None
@@ -244,16 +237,11 @@ class Space:
         room = np.broadcast_to(self.target.reduction_room(self.workload, self.workload.dims, rows), score.shape)
         # Reduction tiles barely change the register model: keep the smallest of each output tile.
         outputs = sorted({x for op in self.workload.ops for x in self.workload.tensors[op.output].dims})
-        # Sorting them all is too slow where there are many (a gemm of 10^9 cubed has a million,
-        # which took 1.5 s of a 0.5 s limit): the n output tiles whose best rows cost least bound
-        # the rows worth sorting, which hold the first row of each of the n first output tiles.
-        cost = np.where(room, 0.0, 1e30) + score
+        order = np.lexsort([rows[x] for x in reversed(self.loops)] + [score, ~room])
+        # The first row of each output tile in that order, in numpy: a Python loop over the rows
+        # took 1.5 s of a 0.5 s limit on a gemm of 10^9 cubed, before RANKED_TILE.
         ranks = [np.unique(rows[x], return_inverse=True) for x in outputs]
         group = np.ravel_multi_index([inverse.ravel() for _, inverse in ranks], [len(values) for values, _ in ranks])
-        by_cost = np.argsort(cost, kind="stable")
-        _, first = np.unique(group[by_cost], return_index=True)
-        near = np.flatnonzero(cost <= cost[by_cost[np.sort(first)[:n][-1]]])
-        order = near[np.lexsort([rows[x][near] for x in reversed(self.loops)] + [score[near], ~room[near]])]
         _, first = np.unique(group[order], return_index=True)
         keep = order[np.sort(first)[:n]]
         return np.stack([rows[x][keep] for x in self.loops], axis=1)
