@@ -52,7 +52,7 @@ for lp in best.plan.levels:
 # past the knee, more capacity buys no less traffic.
 
 # %%
-fronts = {lv.name: pareto(chain, cpu, lv.name, points=8, time_limit=1) for lv in cpu.levels}
+fronts = {lv.name: pareto(chain, cpu, lv.name, points=8, time_limit=0.5) for lv in cpu.levels}
 
 fig, ax = plt.subplots(figsize=(7, 4.5))
 for name, front in fronts.items():
@@ -117,7 +117,7 @@ tiles_by_ratio = []
 for r in ratios:
     levels = [lv.model_copy(update={"bandwidth_bytes_per_s": 5e10 * r}) if lv.name == "L1" else lv for lv in cpu.levels]
     memory_bound = cpu.model_copy(update={"levels": levels, "peak_flops": 1e15})
-    tiles_by_ratio.append(tune(chain, memory_bound, time_limit=2, top=0).plan)
+    tiles_by_ratio.append(tune(chain, memory_bound, time_limit=1, top=0).plan)
 for i, x in enumerate(chain.dims):
     right.plot(ratios, [p.levels[2].tile[x] for p in tiles_by_ratio], "o-", color=f"C{i}", label=f"L2 tile {x}")
     right.plot(ratios, [p.levels[1].tile[x] for p in tiles_by_ratio], "x--", color=f"C{i}", label=f"L1 tile {x}")
@@ -139,9 +139,9 @@ print("bottlenecks:", [p.bottleneck for p in tiles_by_ratio])
 from cachetile.backends.base import get_backend  # noqa: E402
 
 host = preset("host")
-result = tune(chain, host, time_limit=5, top=0)
+result = tune(chain, host, time_limit=2, top=0)
 l1 = next(i for i, lv in enumerate(host.levels) if lv.name == "L1")
-sweep = pareto(chain, host, "L1", points=6, time_limit=3)
+sweep = pareto(chain, host, "L1", points=4, time_limit=1.5)
 plans = [result.plan] + [p.plan for p in sweep.front if p.capacity_bytes <= host.levels[l1].capacity_bytes]
 measured = [get_backend("llvm").measure(result, p, repeat=10) for p in plans]
 predicted = [p.predicted_seconds for p in plans]
@@ -173,7 +173,7 @@ for p, m in zip(plans, measured):
 # %%
 convs = {stride: builtin("conv2d", {"n": 1, "c": 16, "h": 16, "w": 16, "k": 16, "r": 3, "s": 3},
                          params={"pad": 1, "stride": stride, "layout": "nhwc"}) for stride in (1, 2)}
-conv_fronts = {stride: pareto(w, cpu, "L1", points=4, time_limit=3) for stride, w in convs.items()}
+conv_fronts = {stride: pareto(w, cpu, "L1", points=4, time_limit=1.5) for stride, w in convs.items()}
 
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
 for stride, front in conv_fronts.items():
