@@ -30,11 +30,8 @@ build/notebooks/%.ipynb: notebooks/%.py $(STAMP)
 	mkdir -p build/notebooks
 	$(BIN)/jupytext --quiet --to ipynb --output $@ $<
 
-# Tests marked `quiet` time the product against a promise (calibration under a minute): they run
-# alone first, since a second worker's load is not what the promise is about.
 test: $(STAMP) $(NOTEBOOKS)
-	$(BIN)/python -m pytest -m quiet tests
-	$(BIN)/python -m pytest -n 2 --dist loadgroup -m "not quiet" tests $(NOTEBOOKS) --nbmake
+	$(BIN)/python -m pytest -n 2 --dist loadgroup tests $(NOTEBOOKS) --nbmake
 
 notebooks: $(STAMP) $(NOTEBOOKS)
 	$(BIN)/python -m pytest $(NOTEBOOKS) --nbmake

@@ -394,6 +394,14 @@ def seeded(space: Space, deadline: Deadline, top: int, cap: Deadline | None = No
             # joint passes' 6.94 with 4x64, and was polished to 6.64 (7.13 ms measured) where
             # 4x64's polish stopped at 6.76 (7.94 ms).
             plans = [dived, *plans] if rank(dived) < rank(plans[0]) else [*plans, dived]
+    once = space.read_once_seed()
+    if plans and once is not None and all(c.tiles[0] != once for c in plans):
+        # The tile that streams an input in place gets a dive of its own too, as a start for
+        # tune's polishes (Space.read_once_seed): the passes above rank it after the others.
+        dived, costed = _dive(space, deadline, np.array(once))
+        evaluated += costed
+        if dived is not None:
+            plans = [dived, *plans] if rank(dived) < rank(plans[0]) else [*plans, dived]
     if plans and space.meets_lower_bound(plans[0].key[0]):
         status = "optimal"
     return SolveResult(status, plans, evaluated)

@@ -227,6 +227,14 @@ class Space:
     def best_register_tiles(self, n: int) -> np.ndarray | None:
         """The n register tiles (rows in `loops` order) with the least compute plus register-load
         floor: where a search on SIMD CPUs looks first."""
+        ranked = self._ranked_register_tiles()
+        if ranked is None:
+            return None
+        rows = self._registers[0]
+        return np.stack([rows[x][ranked[:n]] for x in self.loops], axis=1)
+
+    def _ranked_register_tiles(self) -> np.ndarray | None:
+        """Indices of the register tiles, best first, one per output tile (best_register_tiles)."""
         rows, times = self._registers
         if rows is None or not times.size:
             return None
@@ -243,8 +251,38 @@ class Space:
         ranks = [np.unique(rows[x], return_inverse=True) for x in outputs]
         group = np.ravel_multi_index([inverse.ravel() for _, inverse in ranks], [len(values) for values, _ in ranks])
         _, first = np.unique(group[order], return_index=True)
-        keep = order[np.sort(first)[:n]]
-        return np.stack([rows[x][keep] for x in self.loops], axis=1)
+        return order[np.sort(first)]
+
+    def read_once_seed(self) -> tuple[int, ...] | None:
+        """The best register tile (best_register_tiles' ranking) under which some input reaches
+        the registers once: every loop of its op that does not index it lies whole in the tile
+        (models/caches.read_once), so the kernel streams it in place, unpacked. None where no
+        register tile does that, or the target ranks none.
+
+        The ranking weighs the micro-kernel alone, and a decode step's weights are read from
+        memory whatever it does: llama's 8x4096x4096 on the AMD EPYC Zen 3 ranked its 8-row tile
+        seventh, behind 4x16 tiles that read B twice and so pack it (10.7 ms, numpy 7.6). The 8x8
+        tile's plan, polished, read B in place along 8-row bands in 5.1 ms (BENCHMARKS.md,
+        "Decode session")."""
+        ranked = self._ranked_register_tiles()
+        if ranked is None:
+            return None
+        rows, dims = self._registers[0], self.workload.dims
+        once = np.zeros(len(ranked), dtype=bool)
+        for op in self.workload.ops:
+            for name in op.inputs:
+                tensor = self.workload.tensors[name]
+                if tensor.role != "input" or not tensor.plain:
+                    continue
+                whole = np.ones(len(ranked), dtype=bool)
+                for x in op.loops:
+                    if x not in tensor.loops:
+                        whole &= rows[x][ranked] == dims[x]
+                once |= whole
+        if not once.any():
+            return None
+        best = ranked[np.argmax(once)]
+        return tuple(int(rows[x][best]) for x in self.loops)
 
     def canonical(self, cand):
         """The candidate with each level's one-trip loops (tile equal to the tile above) moved to

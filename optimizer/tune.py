@@ -140,14 +140,16 @@ def _polish_parts(space: Space, cands, deadline: Deadline, starts: int | None = 
     """The polishes of the candidates, as independent parts (optimizer/forked.py), each giving
     (index in `cands`, polished and rescored candidate) pairs: those of the first `starts` (default
     budget.POLISH_STARTS) register tiles, in rank order, each tile within a budget.POLISH_WORK of
-    its own (of `deadline`), the rest within the last such tile's, one after the other. A polish
-    is a local search, and where it ends depends on where it starts more than on the start's rank."""
+    its own (of `deadline`), the rest within the last such tile's, one after the other; the tile
+    that reads an input once (Space.read_once_seed) gets a polish of its own wherever it ranks. A
+    polish is a local search, and where it ends depends on where it starts more than on the start's rank."""
     starts = budget.POLISH_STARTS if starts is None else starts
+    once = space.read_once_seed()  # a start of its own as well (Space.read_once_seed)
     groups: list[list] = []
     owner: dict = {}  # register tile -> its group
     for i, cand in enumerate(cands):
         tile = cand.tiles[0]
-        if tile not in owner and len(owner) < starts:
+        if tile not in owner and (len(owner) < starts or tile == once):
             owner[tile] = len(groups)
             groups.append([])
         groups[owner.get(tile, len(groups) - 1)].append((i, cand))

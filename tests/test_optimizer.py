@@ -508,3 +508,33 @@ def test_polishes_forked_onto_two_cores_return_the_plans_of_one_after_the_other(
     assert started == [1]
     monkeypatch.setattr(forked, "cores", lambda: 1)
     assert _polished(space, [b, a], Deadline(60)) == apart and started == [1]
+
+
+def test_a_tile_that_reads_the_weights_once_is_seeded_and_polished(monkeypatch):
+    """On AVX2's 16 registers llama's decode step (8x4096x4096) ranks its 8-row register tile
+    behind 4x16 tiles (seventh on the AMD EPYC Zen 3's profile), which read B twice, so they
+    pack it. The 8x8 tile reads B once, in place (Space.read_once_seed): seeded dives around it
+    and tune polishes from it, where before only the two best-ranked plans' register tiles
+    (4x16 ones) were polished. No such tile where m outgrows every register tile."""
+    import dataclasses
+    import importlib
+
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer import budget
+    from cachetile.optimizer.enumeration import seeded
+
+    tune_module = importlib.import_module("cachetile.optimizer.tune")
+    hw = hardware_from(ZEN3_ASSUMED)
+    space = Space(builtin("gemm", {"m": 8, "n": 4096, "k": 4096}), hw)
+    once = space.read_once_seed()
+    assert once == (8, 8, 1)
+    found = seeded(space, Deadline(60), 4, cap=Deadline(60, budget.SEED_WORK))
+    assert once in {plan.tiles[0] for plan in found.plans}
+    # Behind two plans on other register tiles, its plan still gets a polish (a part) of its own.
+    plan = next(p for p in found.plans if p.tiles[0] == once)
+    others = [dataclasses.replace(plan, tiles=(tile, *plan.tiles[1:])) for tile in ((4, 16, 1), (2, 32, 1))]
+    monkeypatch.setattr(tune_module, "polish", lambda space, cand, deadline: cand)
+    monkeypatch.setattr(tune_module, "rescore", lambda space, cand: cand)
+    parts = tune_module._polish_parts(space, [*others, plan], Deadline(60))
+    assert [[i for i, _ in compute()] for _, compute in parts] == [[0], [1], [2]]
+    assert Space(builtin("gemm", {"m": 512, "n": 512, "k": 512}), hw).read_once_seed() is None
