@@ -147,8 +147,9 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
     """(run, rows): how the copy of `site` reads its row-major source, as
     backends/llvm_emit._copy_loops walks it: the elements of each contiguous run, and the rows
     it reads in turn while their pieces join up into those runs. Pieces join where the next
-    ones continue them after a band of rows the prefetcher follows (followed_rows); after a
-    wider band each piece is a run of its own. (0, 1) for an affine window.
+    ones continue them after a band of rows the prefetcher follows (followed_rows; any band
+    without a calibration of them); after a wider band each piece is a run of its own. (0, 1)
+    for an affine window.
 
     The copy walks the cache's tiles level by level in the array's order, each level-1 tile
     in the pack's inner order: llama's 8x4096x4096 copying B in 64x2048 blocks of 64x16 tiles
@@ -171,7 +172,8 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
         run *= loops.pop()[1]
     if run >= padded[tensor.dims[last]]:  # whole rows: the block is one run
         return int(math.prod(layout.bounds[i][first] for i in range(rank))), 1
-    followed, rows, band = followed_rows(hardware) or 1, 1, 1
+    # Without a band calibration, any band is followed, as an unpacked input's costs no stall then.
+    followed, rows, band = followed_rows(hardware) or math.inf, 1, 1
     while loops:
         i, trips, stride = loops.pop()
         if i != last:

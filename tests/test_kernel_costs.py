@@ -1299,7 +1299,7 @@ def test_a_copy_reads_its_source_in_the_runs_and_bands_its_loops_walk():
     """llama's decode step copying B in 64x2048 blocks walks them 64x16 tile by tile
     (llvm_emit._copy_loops): 64-byte pieces of 64 rows in turn. On the AMD EPYC Zen 3 that ran
     in 15.0 ms, predicted 6.0 as one run per row; under 4x16x1 tiles the copy reads whole rows.
-    Without a band the hardware follows (no calibration) each piece is a run of its own; where
+    Where the hardware follows bands of 8 rows, not 64, each piece is a run of its own; where
     64-row bands are followed the pieces join into the block's rows, read in a band. Each run
     pays a run start on the first pass over B (kernel_costs.copy_runs), which is B once."""
     w = builtin("gemm", {"m": 8, "n": 8192, "k": 4096})  # B (128 MiB) outgrows XEON's 64 MiB L3
@@ -1314,9 +1314,10 @@ def test_a_copy_reads_its_source_in_the_runs_and_bands_its_loops_walk():
         assert count * run == elements
         return run, band, share
 
-    assert runs(XEON, banded) == (16, 1, 0.0)
-    assert runs(XEON, rows) == (2048, 1, 0.0)
+    eight = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.6), (256.0, 1.0)]})
+    assert runs(eight, banded) == (16, 1, 0.0)
+    assert runs(eight, rows) == (2048, 1, 0.0)
     follows = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.2), (256.0, 1.0)]})
     assert runs(follows, banded) == (2048, 64, 0.2)
-    pieces = kernel_costs(w, XEON, *banded).copy_seconds
-    assert pieces > kernel_costs(w, XEON, *rows).copy_seconds
+    assert runs(XEON, banded) == (2048, 64, 0.0)  # no band calibrated: followed, and no stall
+    assert kernel_costs(w, eight, *banded).copy_seconds > kernel_costs(w, eight, *rows).copy_seconds
