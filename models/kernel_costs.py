@@ -154,7 +154,7 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
     The copy walks the cache's tiles level by level in the array's order, each level-1 tile
     in the pack's inner order: llama's 8x4096x4096 copying B in 64x2048 blocks of 64x16 tiles
     read 64-byte pieces of 64 rows in turn, and ran in 15.0 ms, where its copy as one 8 KiB run
-    per row predicted 6.0 (AMD EPYC Zen 3, BENCHMARKS.md "Decode session")."""
+    per row predicted 6.0 (AMD EPYC Zen 3, BENCHMARKS.md "Read-once session")."""
     tensor, layout = workload.tensors[site.tensor], site.layout
     if not tensor.plain or layout is None:
         return 0, 1

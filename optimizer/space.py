@@ -263,7 +263,7 @@ class Space:
         memory whatever it does: llama's 8x4096x4096 on the AMD EPYC Zen 3 ranked its 8-row tile
         seventh, behind 4x16 tiles that read B twice and so pack it (10.7 ms, numpy 7.6). The 8x8
         tile's plan, polished, read B in place along 8-row bands in 5.1 ms (BENCHMARKS.md,
-        "Decode session")."""
+        "Read-once session")."""
         ranked = self._ranked_register_tiles()
         if ranked is None:
             return None
