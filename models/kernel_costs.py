@@ -248,13 +248,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             # That first pass reads the block's rows in runs and bands, which pay run starts and
             # band stalls as an unpacked input's do (copy_walk).
             run, rows = copy_walk(workload, hardware, site, padded)
-            reach = run_start_reach(hardware, source) if run else 0.0
-            if reach:
-                runs = once / (run * elem)
-                share = band_stall(hardware, rows)
+            paid = run_start_reach(hardware, source) if run else 0.0
+            if paid:
+                runs, share = once / (run * elem), band_stall(hardware, rows)
                 costs.copy_runs.append((site.tensor, runs, run, rows, share))
-                streamed += stream(once * (runs / once * run_start(hardware, run * elem) + share) * reach, None, shared,
-                                   level=home)
+                streamed += stream((runs * run_start(hardware, run * elem) + once * share) * paid, None, shared, level=home)
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
