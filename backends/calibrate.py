@@ -765,7 +765,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     for threads, (a, b, spilled) in kernels.items():
         # The stream from the level next to the registers (L1), where the fit explains nothing.
         peak[threads], register_bw[threads] = fit_peak_and_registers(a, b, lanes, vector_bytes, loads,
-                                                                     next(iter(stream.values()))[threads])
+                                                                     stream[hw.levels[1].name][threads])
         accumulators[threads] = fit_accumulators(spilled, peak[threads], register_bw[threads], vector_bytes, loads)
     step("a register tile of few accumulators on 1 core")
     chained = micro_kernel_seconds(1, FMA_CHAINS, 1, lanes, k)

@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..models.caches import tiles_nest
+from ..models.caches import read_once, tiles_nest
 from ..models.costmodel import check_order, compute_seconds, data_volume, memory_usage, single_level_bound
 from ..models.hardware import Hardware
 from ..models.objective import Objective, WholeProblem, memory_extra, time_objective, whole_problem
@@ -267,18 +267,14 @@ class Space:
         ranked = self._ranked_register_tiles()
         if ranked is None:
             return None
-        rows, dims = self._registers[0], self.workload.dims
+        rows = self._registers[0]
+        tile = [{x: rows[x][ranked] for x in self.loops}]
         once = np.zeros(len(ranked), dtype=bool)
         for op in self.workload.ops:
             for name in op.inputs:
                 tensor = self.workload.tensors[name]
-                if tensor.role != "input" or not tensor.plain:
-                    continue
-                whole = np.ones(len(ranked), dtype=bool)
-                for x in op.loops:
-                    if x not in tensor.loops:
-                        whole &= rows[x][ranked] == dims[x]
-                once |= whole
+                if tensor.role == "input" and tensor.plain:
+                    once |= read_once(self.workload, op, name, tile, self.workload.dims)
         if not once.any():
             return None
         best = ranked[np.argmax(once)]
