@@ -47,6 +47,11 @@ class _Nests:
 
     def __init__(self, workload: Workload, top: int):
         self.workload, self.top, self.loops = workload, top, {}
+        self.pieces = {}  # (op, (loop, level)): the outer part _piece_split cut off that loop
+
+    def positions(self, op) -> list:
+        """(position, loop) of every loop of `op`'s nest, a split loop's outer part included."""
+        return [(pos, rv) for (name, pos), rv in [*self.loops.items(), *self.pieces.items()] if name == op.name]
 
     def get(self, op, pos):
         owner = self.workload.ops[-1] if outer_shared(self.workload, op, pos, self.top) else op
@@ -87,6 +92,9 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
     for op in workload.ops:
         band = _row_band(sch, blocks[op.name], workload, op, tiles, nests, lanes)
         short = None if band is not None else _short_reduction(sch, blocks[op.name], workload, op, nests)
+        if band is None and short is None:
+            _piece_split(sch, blocks[op.name], workload, op, tiles, nests, parallel.get(op.name),
+                         [s.layout for s in sites if s.op == op.name and not s.skipped and s.layout is not None])
         _micro_kernel(sch, nests, op, micro_order(workload, op), lanes, windowed_loops(workload, op), band)
         if short is not None:
             sch.unroll(short)
@@ -132,12 +140,12 @@ def _prefetch_sites(sch, workload, orders, plan, padded, blocks, nests: _Nests) 
             continue
         copies = tuple(f"{source_name(workload, name, padded)}_global" for name in streamed)
         loops = [sch.get(rv) for rv in sch.get_loops(blocks[op.name])]
-        own = {(x, j): sch.get(rv) for (name, (x, j)), rv in nests.loops.items() if name == op.name and j >= 0}
-        micro = [i for i, loop in enumerate(loops) if any(loop.same_as(f) for (_, j), f in own.items() if j == 0)]
+        own = [((x, j), sch.get(rv)) for (x, j), rv in nests.positions(op) if j >= 0]
+        micro = [i for i, loop in enumerate(loops) if any(loop.same_as(f) for (_, j), f in own if j == 0)]
         spatial = set(workload.tensors[op.output].dims)
         for depth in reversed(range(min(micro, default=0))):
             loop = loops[depth]
-            x = next((x for (x, _), f in own.items() if f.same_as(loop)), None)
+            x = next((x for (x, _), f in own if f.same_as(loop)), None)
             serial = x is not None and loop.kind == tirx.ForKind.SERIAL
             if int(loop.extent) == 1 or (serial and x not in spatial):
                 continue
@@ -247,6 +255,31 @@ def _short_reduction(sch, block, workload, op, nests: _Nests):
     dim = next((x for (name, (x, j)), loop in nests.loops.items()
                 if name == op.name and j >= 0 and sch.get(loop).same_as(sch.get(last))), None)
     return last if dim in reductions else None
+
+
+def _piece_split(sch, block, workload, op, tiles, nests: _Nests, parallel, layouts: list[Layout]) -> None:
+    """Split the last loop with more than one trip above the register tile at the pieces a packed
+    input stores its steps in, when it runs along a reduction, serially, over more than a piece.
+
+    packed_layout widens a tile narrower than a cache line along the array's last dim: A's
+    1-wide k tiles lie in pieces of 16 floats. A loop over 768 such k steps then indexes the pack
+    by (k // 16, k % 16), which LLVM computes anew at every step: bert qkv 512x2304x768's plan
+    with 6x16x1 tiles ran its FMA loop as 60 instructions for 24 FMAs and took 15.8 ms, where
+    the same nest with the k loop cut in 8-step pieces ran 44 instructions and 13.8 ms (numpy
+    14.0; AMD EPYC Zen 3, BENCHMARKS.md). Split at the piece, the inner loop steps linearly.
+    The order of the steps does not change: the inner part keeps the loop's place in `nests`
+    (what sits inside the loop sits inside it), the outer part goes to nests.pieces."""
+    last = _last_loop_above(sch, block, op)
+    if last is None:
+        return
+    pos = next((p for p, rv in nests.positions(op) if p[1] >= 1 and sch.get(rv).same_as(sch.get(last))), None)
+    if pos is None or pos == parallel or pos[0] in workload.tensors[op.output].dims:
+        return
+    x, j = pos
+    n = len(tiles)
+    piece = max((lay.bounds[lay.dims.index(x)][n - j] // tiles[j][x] for lay in layouts if x in lay.dims), default=1)
+    if 1 < piece < sch.get(last).extent.value:
+        nests.pieces[(op.name, pos)], nests.loops[(op.name, pos)] = sch.split(last, factors=[None, piece])
 
 
 def _micro_kernel(sch, nests: _Nests, op, micro: list[str], lanes: int | None, windowed: set[str],
