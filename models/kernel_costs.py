@@ -97,6 +97,9 @@ class KernelCosts:
     # the same for the copies' first pass over their sources, with the rows each reads in turn
     # and band_stall's share of its stream (copy_walk): (tensor, runs, elements per run, rows, share)
     copy_runs: list[tuple[str, float, int, int, float]] = field(default_factory=list)
+    # copies whose reads spread their writes over places apart in the buffer (write_streams):
+    # (tensor, places written in turn, band_stall's share of the buffer's stream)
+    copy_writes: list[tuple[str, int, float]] = field(default_factory=list)
     # inputs streamed unpacked whose L1 block reads pieces of several rows in turn, continued by
     # the next blocks (band_rows): (tensor, rows read in turn, band_stall's share of its stream)
     bands: list[tuple[str, int, float]] = field(default_factory=list)
@@ -160,16 +163,7 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
         return 0, 1
     rank, last = len(layout.dims), len(layout.dims) - 1
     first = len(layout.bounds[0]) - site.level  # the cache's own tile in the bounds
-    loops = []  # (dim, trips, stride in that dim's elements), outermost first
-    for k in range(len(layout.bounds[0]) - first - 1):
-        for i in range(rank):
-            b = layout.bounds[i][first:]
-            loops.append((i, max(b[k] // b[k + 1], 1), b[k + 1]))
-    loops += [(i, layout.bounds[i][-1], 1) for i in layout.inner_order]
-    loops = [loop for loop in loops if loop[1] > 1]
-    run = 1
-    while loops and loops[-1][0] == last and loops[-1][2] == run:
-        run *= loops.pop()[1]
+    loops, run = _row_run(layout, site.level)
     if run >= padded[tensor.dims[last]]:  # whole rows: the block is one run
         return int(math.prod(layout.bounds[i][first] for i in range(rank))), 1
     # Without a band calibration, any band is followed, as an unpacked input's costs no stall then.
@@ -183,6 +177,49 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
         else:
             break
     return run, band
+
+
+def _row_run(layout: Layout, level: int) -> tuple[list, int]:
+    """The loops of a level-`level` copy's walk left outside its innermost run along the row (dim,
+    trips, stride in that dim's elements; outermost first), and that run's elements."""
+    rank, last = len(layout.dims), len(layout.dims) - 1
+    first = len(layout.bounds[0]) - level  # the cache's own tile in the bounds
+    loops = []
+    for k in range(len(layout.bounds[0]) - first - 1):
+        for i in range(rank):
+            b = layout.bounds[i][first:]
+            loops.append((i, max(b[k] // b[k + 1], 1), b[k + 1]))
+    loops += [(i, layout.bounds[i][-1], 1) for i in layout.inner_order]
+    loops = [loop for loop in loops if loop[1] > 1]
+    run = 1
+    while loops and loops[-1][0] == last and loops[-1][2] == run:
+        run *= loops.pop()[1]
+    return loops, run
+
+
+def write_streams(workload: Workload, site: CacheSite, padded) -> int:
+    """The places apart in its buffer that the copy of `site` writes in turn: as it reads a run
+    of a row (copy_walk), each piece of a packed tile's width lands in another tile, stored a
+    whole tile's other dims apart, until the run ends. 1 where the run's pieces lie one after the
+    other in the pack (or for an affine window).
+
+    Each place is a stream of lines the core writes, continued at the next row, as a band of
+    rows read in turn is a stream each to follow: llama's prefill 128x4096x4096 copying B into
+    512x2048 blocks of 16-float panels (128 places in turn) ran in 50.4 ms, where 128-wide
+    blocks of 4096 rows (8 places) ran in 38.2, both predicted 55.5-56.5 (AMD EPYC Zen 3,
+    BENCHMARKS.md "Piece-split session"). Charged as band_stall's share of the buffer's stream."""
+    layout = site.layout
+    if not workload.tensors[site.tensor].plain or layout is None:
+        return 1
+    _, run = _row_run(layout, site.level)
+    rank, first = len(layout.dims), len(layout.bounds[0]) - site.level
+    digits = layout.run_order([layout.bounds[i][first] for i in range(rank)])
+    piece = 1
+    for i, size in reversed(digits):
+        if i != rank - 1:
+            break
+        piece *= size
+    return max(1, run // piece) if piece < run else 1
 
 
 def _prod(values) -> float:
@@ -256,6 +293,11 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
+        places = write_streams(workload, site, padded)
+        spread = band_stall(hardware, places) if places > 1 else 0.0
+        if spread:
+            costs.copy_writes.append((site.tensor, places, spread))
+            streamed += stream(nbytes * spread, block * elem, shared)
         costs.copy_seconds += streamed
         # The first copy of an input reads it through its zero padding (backends/tensorir.inline_padding).
         padding = site is first[site.op, site.tensor] and is_padded(workload, site.tensor, padded)

@@ -1321,3 +1321,40 @@ def test_a_copy_reads_its_source_in_the_runs_and_bands_its_loops_walk():
     assert runs(follows, banded) == (2048, 64, 0.2)
     assert runs(XEON, banded) == (2048, 64, 0.0)  # no band calibrated: followed, and no stall
     assert kernel_costs(w, eight, *banded).copy_seconds > kernel_costs(w, eight, *rows).copy_seconds
+
+
+def _packed_offset(layout, index) -> int:
+    """Where the element at `index` lies in the pack: its digits (Layout.digits) as one number."""
+    offset = 0
+    for value, size, _ in layout.digits(index):
+        offset = offset * size + int(value)
+    return offset
+
+
+@pytest.mark.parametrize("width,places", [(512, 32), (64, 4), (16, 1)])
+def test_a_copy_that_spreads_a_row_over_panels_pays_a_band_stall_on_its_writes(width, places):
+    """Copying B in 64 x `width` blocks of 16-float panels stored one after another, each row the
+    copy reads lands in width / 16 places in turn, each a stream of lines it writes (write_streams,
+    counted here by walking the copy's first row through the pack's layout). Past the bands the
+    hardware follows, the buffer's stream takes band_stall's share longer: llama's prefill copying
+    B into 2048-wide blocks ran 50.4 ms, 128-wide ones 38.2, both predicted alike before."""
+    from cachetile.models.caches import effective_tiles, input_caches
+    from cachetile.models.kernel_costs import band_stall, write_streams
+
+    w = builtin("gemm", {"m": 16, "n": 1024, "k": 256})  # B read twice, in blocks not contiguous: packed
+    orders = [list("mnk"), list("mnk"), list("nmk"), list("mnk")]
+    tiles = [{"m": 4, "n": 16, "k": 1}, {"m": 4, "n": 16, "k": 1}, {"m": 4, "n": 16, "k": 1},
+             {"m": 8, "n": width, "k": 64}]
+    padded, eff = effective_tiles(w, tiles)
+    site = next(s for s in input_caches(w, orders, eff, padded) if s.tensor == "B" and not s.skipped)
+    row = sorted(_packed_offset(site.layout, [0, j]) for j in range(width))
+    pieces = 1 + sum(b != a + 1 for a, b in zip(row, row[1:]))  # runs of the pack the first row fills
+    assert write_streams(w, site, padded) == pieces == places
+    hw = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 0.5), (64.0, 2.0)]})
+    spread = [e for e in kernel_costs(w, hw, orders, tiles).copy_writes if e[0] == "B"]
+    assert spread == ([("B", places, band_stall(hw, places))] if places > 8 else [])
+    flat = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 0.0), (64.0, 0.0)]})
+    extra = kernel_costs(w, hw, orders, tiles).copy_seconds - kernel_costs(w, flat, orders, tiles).copy_seconds
+    nbytes = 2 * 256 * 1024 * 4  # B, copied for each of the two 8-row blocks
+    assert extra == pytest.approx(nbytes * band_stall(hw, places) / XEON.levels[1].bandwidth_bytes_per_s
+                                  if places > 8 else 0.0, rel=1e-9)
