@@ -362,7 +362,11 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
     for grow in (False, True) if space.target.polish_grows else (False,):
         for _ in range(rounds):
             if deadline.expired():
-                return best
+                # Out of work before the moves stalled: the unpack moves still get their one try,
+                # as they would have at the stall (gpt-2's decode 16x3072x768 reached its plan that
+                # reads B in place, 1.01 ms predicted against 1.34, only past 100 units).
+                unpacked = None if tried or deadline.left() <= 0 else _unpacked(space, best, deadline.left())
+                return Candidate(unpacked[2], unpacked[3], unpacked[0]) if unpacked else best
             tiles = best.tile_dicts(loops)
             moves = _tile_moves(space, tiles)
             if not grow:
@@ -390,19 +394,30 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                     # Once per polish, on the clock but not the work budget: it is a fixed cost, and
                     # charged, it cut the grow phase short (gpt-2's 1024x768x768 kept 8-deep L1
                     # tiles that ran 5% slower than the 32-deep ones it grows to otherwise).
-                    tried, clock = True, Deadline(deadline.left())
-                    # The incumbent's costs name its copies and its unpacked inputs: both kinds of move start there.
-                    costs = space.target.kernel_costs(space.workload, best.orders, tiles, space.stages) if n > 1 else None
-                    moves = []
-                    if costs is not None:
-                        clock.spend(space.work(levels=n))
-                        moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
-                    unpacked = _scored(space, best.orders, moves, clock, bound)
-                    pick = min([o for o in unpacked if _compare(o[0], best.key) < 0], default=pick)
+                    tried = True
+                    pick = _unpacked(space, best, deadline.left()) or pick
             if pick is None:
                 break
             best, best_fill = Candidate(pick[2], pick[3], pick[0]), pick[1]
     return best
+
+
+def _unpacked(space: Space, best: Candidate, seconds: float):
+    """The best option (as _scored gives them) among the incumbent's unpack and band moves
+    (_unpack_moves, _band_moves) that ranks ahead of it, within `seconds`; None if none does."""
+    tiles, n = best.tile_dicts(space.loops), space.n_levels
+    if n < 2:
+        return None
+    clock = Deadline(seconds)
+    # The incumbent's costs name its copies and its unpacked inputs: both kinds of move start there.
+    costs = space.target.kernel_costs(space.workload, best.orders, tiles, space.stages)
+    if costs is None:  # a target without copies (scalar CPUs, GPUs) has nothing to unpack
+        return None
+    clock.spend(space.work(levels=n))
+    moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
+    bound = best.key[0] * (1 + TIE) + 1e-300
+    return min([o for o in _scored(space, best.orders, moves, clock, bound) if _compare(o[0], best.key) < 0],
+               default=None)
 
 
 def _scored(space: Space, orders, moves, deadline: Deadline, bound: float = np.inf) -> list:

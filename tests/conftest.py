@@ -35,6 +35,20 @@ XEON = Hardware(name="cpu", peak_flops=3.53e11, cores=2, vector_bytes=64, calibr
     {"name": "L2", "capacity_bytes": 2 << 20, "bandwidth_bytes_per_s": 5.52e10, "ways": 16},
     {"name": "L3", "capacity_bytes": 64 << 20, "bandwidth_bytes_per_s": 2.76e10, "ways": 16}])
 
+# The AMD EPYC Zen 3 (AVX2, 2 cores) of BENCHMARKS.md as its calibration of 2026-11-30 06:58 found
+# it, rounded: an 8 MiB L3 as the sweep saw it, and wide bands of rows that stall 4.7x.
+ZEN3 = Hardware(name="cpu", peak_flops=1.7e11, cores=2, vector_bytes=32, calibrated="2026-11-30T06:58:29+00:00",
+                run_start_bytes=353.0, short_run_start_bytes=214.0,
+                run_start_reach=[(1 << 20, 0.0), (4 << 20, 0.59), (16 << 20, 1.0)],
+                band_stall=[(8.0, 0.0), (16.0, 0.63), (32.0, 1.56), (64.0, 4.72)],
+                fed_share=[(1.0, 0.51), (2.0, 1.0), (4.0, 0.86)], copy_vector_seconds=9.9e-10,
+                copy_element_seconds=3.0e-10, parallel_region_seconds=1.04e-6, call_seconds=9.2e-9,
+                accumulator_bytes_per_s=7.6e11, shared_line_seconds=2.0e-8, levels=[
+    {"name": "registers", "capacity_bytes": 512, "bandwidth_bytes_per_s": 2.16e11},
+    {"name": "L1", "capacity_bytes": 32768, "bandwidth_bytes_per_s": 1.35e11, "ways": 8},
+    {"name": "L2", "capacity_bytes": 512 << 10, "bandwidth_bytes_per_s": 1.21e11, "ways": 8},
+    {"name": "L3", "capacity_bytes": 8 << 20, "bandwidth_bytes_per_s": 3.47e10, "ways": 16}])
+
 
 def gemm_plan(dims: dict, spec: str, hardware: Hardware):
     """(workload, plan) of a gemm and a plan written as bench/plans.py reads one (`order:m,n,k`

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from conftest import XEON, memory_bound
+from conftest import XEON, ZEN3, memory_bound
 
 from cachetile.models.costmodel import data_volume, memory_usage
 from cachetile.models.plan import make_plan
@@ -406,7 +406,7 @@ def test_each_register_tile_starts_a_polish_with_a_budget_of_its_own(monkeypatch
     """_polished gives the first candidate of each of the first POLISH_STARTS register tiles its
     own work budget: the best plan is the better of the two polishes run apart. Shared in turn,
     the budget went to the 4x64 start, and the 6x64 one, which polishes to the better plan, got
-    none."""
+    none (predicted 9% slower; 10% before a polish out of work tried its unpack moves)."""
     from cachetile.optimizer import budget
     from cachetile.optimizer.local import polish
     from cachetile.optimizer.registry import rescore
@@ -418,7 +418,7 @@ def test_each_register_tile_starts_a_polish_with_a_budget_of_its_own(monkeypatch
     apart = min(rescore(space, polish(space, c, Deadline(60, 60.0))).key for c in (a, b))
     assert _polished(space, [b, a], Deadline(60))[0].key == apart
     monkeypatch.setattr(budget, "POLISH_STARTS", 1)
-    assert _polished(space, [b, a], Deadline(60))[0].key[0] > 1.1 * apart[0]
+    assert _polished(space, [b, a], Deadline(60))[0].key[0] > 1.05 * apart[0]
 
 
 def test_tune_polishes_again_from_the_best_plan_with_its_middle_levels_collapsed():
@@ -538,3 +538,24 @@ def test_a_tile_that_reads_the_weights_once_is_seeded_and_polished(monkeypatch):
     parts = tune_module._polish_parts(space, [*others, plan], Deadline(60))
     assert [[i for i, _ in compute()] for _, compute in parts] == [[0], [1], [2]]
     assert Space(builtin("gemm", {"m": 512, "n": 512, "k": 512}), hw).read_once_seed() is None
+
+
+def test_a_polish_out_of_work_still_tries_reading_a_packed_input_in_place():
+    """gpt-2's decode step 16x3072x768 packing B in 768x1536 blocks: a polish whose work runs out
+    before its single moves stall still tries the moves that read a packed input in place, as one
+    that stalls does. From such a plan, tune's collapsed start (100 units) had stopped at 1.34 ms
+    predicted on the AMD EPYC Zen 3, where B read in place is 1.01 (1.26 ms measured against 1.74)."""
+    from cachetile.models.kernel_costs import kernel_costs
+    from cachetile.optimizer.local import Candidate, polish
+    from cachetile.optimizer.registry import rescore
+
+    w = builtin("gemm", {"m": 16, "n": 3072, "k": 768})
+    space = Space(w, ZEN3)
+    orders = (tuple("mnk"), tuple("mnk"), tuple("nmk"), tuple("mnk"))
+    tiles = ((4, 16, 1), (4, 16, 1), (4, 16, 2), (16, 1536, 768))
+    start = rescore(space, Candidate(orders, tiles, ()))
+    assert "B" in [c[0] for c in kernel_costs(w, ZEN3, start.orders, start.tile_dicts(space.loops)).copies]
+    done = polish(space, start, Deadline(60, 0.0))  # out of work at once
+    assert done.key[0] < start.key[0]
+    assert "B" not in [c[0] for c in kernel_costs(w, ZEN3, done.orders, done.tile_dicts(space.loops)).copies]
+    assert done.key == rescore(space, done).key
