@@ -197,21 +197,24 @@ def _row_run(layout: Layout, level: int) -> tuple[list, int]:
     return loops, run
 
 
-def write_streams(workload: Workload, site: CacheSite, padded) -> int:
-    """The places apart in its buffer that the copy of `site` writes in turn: as it reads a run
-    of a row (copy_walk), each piece of a packed tile's width lands in another tile, stored a
-    whole tile's other dims apart, until the run ends. 1 where the run's pieces lie one after the
-    other in the pack (or for an affine window).
+def write_streams(workload: Workload, site: CacheSite, padded) -> tuple[int, int]:
+    """(places, elements): the places apart in its buffer that the copy of `site` writes in turn,
+    and what it writes at each visit. As the copy reads along a row (its loops, innermost first:
+    llvm_emit._copy_loops), each piece of a packed tile's width lands in another tile, stored a
+    whole tile's other dims apart; loops along other dims inside the first one along the row
+    write rows of the same tile, next to each other. (1, 0) where the row's pieces lie one after
+    the other in the pack (or for an affine window).
 
-    Each place is a stream of lines the core writes, continued at the next row, as a band of
+    Each place is a stream of lines the core writes, continued at the next visit, as a band of
     rows read in turn is a stream each to follow: llama's prefill 128x4096x4096 copying B into
-    512x2048 blocks of 16-float panels (128 places in turn) ran in 50.4 ms, where 128-wide
-    blocks of 4096 rows (8 places) ran in 38.2, both predicted 55.5-56.5 (AMD EPYC Zen 3,
-    BENCHMARKS.md "Piece-split session"). Charged as band_stall's share of the buffer's stream."""
+    512x2048 blocks of 16-float panels (128 places in turn, a line each) ran in 50.4 ms, where
+    128-wide blocks of 4096 rows (8 places) ran in 38.2, both predicted 55.5-56.5 (AMD EPYC
+    Zen 3, BENCHMARKS.md "Piece-split session"). Charged as band_stall's share of the buffer's
+    stream, over the lines of a visit (a visit of more lines restarts its stream less often)."""
     layout = site.layout
     if not workload.tensors[site.tensor].plain or layout is None:
-        return 1
-    _, run = _row_run(layout, site.level)
+        return 1, 0
+    loops, run = _row_run(layout, site.level)
     rank, first = len(layout.dims), len(layout.bounds[0]) - site.level
     digits = layout.run_order([layout.bounds[i][first] for i in range(rank)])
     piece = 1
@@ -219,7 +222,15 @@ def write_streams(workload: Workload, site: CacheSite, padded) -> int:
         if i != rank - 1:
             break
         piece *= size
-    return max(1, run // piece) if piece < run else 1
+    places, visit = max(run // piece, 1), min(piece, run)
+    for i, trips, _ in reversed(loops):
+        if i == rank - 1:
+            places *= trips
+        elif places > 1:
+            break
+        else:
+            visit *= trips
+    return (places, visit) if places > 1 else (1, 0)
 
 
 def _prod(values) -> float:
@@ -293,8 +304,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
-        places = write_streams(workload, site, padded)
-        spread = band_stall(hardware, places) if places > 1 else 0.0
+        places, visit = write_streams(workload, site, padded)
+        spread = band_stall(hardware, places) / max(visit * elem / LINE_BYTES, 1.0) if places > 1 else 0.0
         if spread:
             costs.copy_writes.append((site.tensor, places, spread))
             streamed += stream(nbytes * spread, block * elem, shared)
