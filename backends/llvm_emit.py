@@ -249,12 +249,19 @@ def _short_reduction(sch, block, workload, op, nests: _Nests):
     loop, 0.057 ms against 0.035 ms with the loop unrolled (AMD EPYC Zen 4, both cores)."""
     out = workload.tensors[op.output].dims
     reductions = {x for x in op.loops if x not in out} - windowed_loops(workload, op)
-    last = _last_loop_above(sch, block, op)
+    last, pos = _last_position_above(sch, block, op, nests)
     if last is None or sch.get(last).extent.value > SHORT_REDUCTION:
         return None
-    dim = next((x for (name, (x, j)), loop in nests.loops.items()
-                if name == op.name and j >= 0 and sch.get(loop).same_as(sch.get(last))), None)
-    return last if dim in reductions else None
+    return last if pos is not None and pos[0] in reductions else None
+
+
+def _last_position_above(sch, block, op, nests: _Nests):
+    """(loop, its (dim, level) in the op's nest) of _last_loop_above; (None, None) when there is
+    none, and the position None when it is not one of the nest's tiling loops."""
+    last = _last_loop_above(sch, block, op)
+    if last is None:
+        return None, None
+    return last, next((p for p, rv in nests.positions(op) if p[1] >= 0 and sch.get(rv).same_as(sch.get(last))), None)
 
 
 def _piece_split(sch, block, workload, op, tiles, nests: _Nests, parallel, layouts: list[Layout]) -> None:
@@ -269,11 +276,8 @@ def _piece_split(sch, block, workload, op, tiles, nests: _Nests, parallel, layou
     14.0; AMD EPYC Zen 3, BENCHMARKS.md). Split at the piece, the inner loop steps linearly.
     The order of the steps does not change: the inner part keeps the loop's place in `nests`
     (what sits inside the loop sits inside it), the outer part goes to nests.pieces."""
-    last = _last_loop_above(sch, block, op)
-    if last is None:
-        return
-    pos = next((p for p, rv in nests.positions(op) if p[1] >= 1 and sch.get(rv).same_as(sch.get(last))), None)
-    if pos is None or pos == parallel or pos[0] in workload.tensors[op.output].dims:
+    last, pos = _last_position_above(sch, block, op, nests)
+    if pos is None or pos[1] < 1 or pos == parallel or pos[0] in workload.tensors[op.output].dims:
         return
     x, j = pos
     n = len(tiles)

@@ -197,7 +197,7 @@ def _row_run(layout: Layout, level: int) -> tuple[list, int]:
     return loops, run
 
 
-def write_streams(workload: Workload, site: CacheSite, padded) -> tuple[int, int]:
+def write_streams(workload: Workload, site: CacheSite) -> tuple[int, int]:
     """(places, elements): the places apart in its buffer that the copy of `site` writes in turn,
     and what it writes at each visit. As the copy reads along a row (its loops, innermost first:
     llvm_emit._copy_loops), each piece of a packed tile's width lands in another tile, stored a
@@ -304,7 +304,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
-        places, visit = write_streams(workload, site, padded)
+        places, visit = write_streams(workload, site)
         spread = band_stall(hardware, places) / max(visit * elem / LINE_BYTES, 1.0) if places > 1 else 0.0
         if spread:
             costs.copy_writes.append((site.tensor, places, spread))

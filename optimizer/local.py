@@ -373,7 +373,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                 moves = sorted(set(moves) | set(_level_moves(space, best.orders, tiles, deadline)))
             # Every pick must rank at least level with the incumbent: plans over that bound
             # before their serial costs are not costed further (the same picks, in less time).
-            bound = best.key[0] * (1 + TIE) + 1e-300
+            bound = _level_with(best)
             options = _scored(space, best.orders, moves, deadline, bound)
             if not grow:
                 for j in range(n):
@@ -415,9 +415,13 @@ def _unpacked(space: Space, best: Candidate, seconds: float):
         return None
     clock.spend(space.work(levels=n))
     moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
-    bound = best.key[0] * (1 + TIE) + 1e-300
-    return min([o for o in _scored(space, best.orders, moves, clock, bound) if _compare(o[0], best.key) < 0],
-               default=None)
+    options = _scored(space, best.orders, moves, clock, _level_with(best))
+    return min([o for o in options if _compare(o[0], best.key) < 0], default=None)
+
+
+def _level_with(best: Candidate) -> float:
+    """The predicted time over which a move cannot rank level with the incumbent (registry.score's bound)."""
+    return best.key[0] * (1 + TIE) + 1e-300
 
 
 def _scored(space: Space, orders, moves, deadline: Deadline, bound: float = np.inf) -> list:

@@ -1350,7 +1350,7 @@ def test_a_copy_that_spreads_a_row_over_panels_pays_a_band_stall_on_its_writes(w
     row = sorted(_packed_offset(site.layout, [0, j]) for j in range(width))
     pieces = 1 + sum(b != a + 1 for a, b in zip(row, row[1:]))  # runs of the pack the first row fills
     assert pieces == places
-    assert write_streams(w, site, padded) == ((places, 16) if places > 1 else (1, 0))  # a line per visit
+    assert write_streams(w, site) == ((places, 16) if places > 1 else (1, 0))  # a line per visit
     hw = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 0.5), (64.0, 2.0)]})
     spread = [e for e in kernel_costs(w, hw, orders, tiles).copy_writes if e[0] == "B"]
     assert spread == ([("B", places, band_stall(hw, places))] if places > 8 else [])
