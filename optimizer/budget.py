@@ -28,7 +28,13 @@ ROWS_PER_UNIT = 4000
 # bench/fidelity.py the plans 400 gave, or ones predicted faster (bert-base ffn1 7.60 -> 7.33 ms,
 # which ran 8.87 -> 7.93 ms; its qkv 5.55 -> 5.51, which ran 6.00 -> 6.14), on the Intel Xeon
 # ("Relief session").
-SEED_WORK = 300.0
+# As the model grew, a unit came to cost more: on the AMD EPYC Zen 3 of BENCHMARKS.md 300 units
+# took 0.6-1.3 s, and the 17 shapes' plans up to 2.5 s. At 100 (and at 75 and 150) the 21 workloads
+# of bench/shapes.py and bench/fidelity.py got the plans 300 gave, with a profile and without one (one
+# 0.14% faster), as did four batch GEMMs (batch-gemm 4x96x128x64 among them) and five small GEMMs and
+# chains; of bench/conv.py's 12 layers, 9 got the same plan, one predicted 1.0% faster, two 1.1-1.3%
+# slower. Plan time fell by a quarter ("Seed-cap session").
+SEED_WORK = 100.0
 # tune(register_tiles=n), for autotuning: the search around each register tile alone
 # (enumeration.per_register_tile), about 0.1 s each.
 REGISTER_TILE_WORK = 200.0
