@@ -146,13 +146,22 @@ def stream_level(hardware: Hardware, nbytes: float) -> int:
     return max(home - 1, 0) if home < len(levels) else len(levels) - 1
 
 
-def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -> tuple[int, int]:
+def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded, tiles=None, split=None,
+              cores: int = 1) -> tuple[int, int]:
     """(run, rows): how the copy of `site` reads its row-major source, as
     backends/llvm_emit._copy_loops walks it: the elements of each contiguous run, and the rows
     it reads in turn while their pieces join up into those runs. Pieces join where the next
     ones continue them after a band of rows the prefetcher follows (followed_rows; any band
     without a calibration of them); after a wider band each piece is a run of its own. (0, 1)
     for an affine window.
+
+    With the plan's (effective) `tiles`, the copies that follow one another join up too: where
+    the copy's key-slice loop steps along the rows and the copy reads its block's whole width in
+    one run per row, the next copy continues each of the block's rows, a band the prefetcher
+    follows (`split`, the op's parallel loop position, gives each of the `cores` threads a
+    contiguous share of its trips). gemm 8x4096x1024 copying B in 25x16 blocks along n (64-byte
+    pieces of 25 rows) ran in 1.98 ms, predicted 6.55 with every piece a run from memory (AMD EPYC
+    Zen 3, BENCHMARKS.md "Seed-cap session").
 
     The copy walks the cache's tiles level by level in the array's order, each level-1 tile
     in the pack's inner order: llama's 8x4096x4096 copying B in 64x2048 blocks of 64x16 tiles
@@ -169,13 +178,18 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded) -
     # Without a band calibration, any band is followed, as an unpacked input's costs no stall then.
     followed, rows, band = followed_rows(hardware) or math.inf, 1, 1
     while loops:
-        i, trips, stride = loops.pop()
+        i, steps, stride = loops.pop()
         if i != last:
-            rows *= trips
+            rows *= steps
         elif stride == run and rows <= followed:
-            run, band = run * trips, rows
+            run, band = run * steps, rows
         else:
-            break
+            return run, band
+    key = site.key
+    if tiles is not None and key is not None and key[0] == tensor.dims[last] and rows <= followed \
+            and run == layout.bounds[last][first]:
+        steps = trips(tiles, padded, *key)
+        run, band = run * (-(-steps // cores) if key == split else steps), rows
     return run, band
 
 
@@ -295,7 +309,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             streamed = stream(once, None, shared, level=home)
             # That first pass reads the block's rows in runs and bands, which pay run starts and
             # band stalls as an unpacked input's do (copy_walk).
-            run, rows = copy_walk(workload, hardware, site, padded)
+            run, rows = copy_walk(workload, hardware, site, padded, eff, pick, cores)
             paid = run_start_reach(hardware, source) if run else 0.0
             if paid:
                 runs, share = once / (run * elem), band_stall(hardware, rows)
