@@ -834,12 +834,12 @@ def followed_rows(hardware: Hardware) -> int | None:
     return max(calm) if top > 0 and calm else None
 
 
-def band_rows(workload: Workload, name: str, tiles, padded, orders=None, op=None) -> tuple[int, int]:
-    """(rows, piece): the rows of input `name`'s row-major array its L1 block reads in turn and
-    the elements it reads of each, when it holds a piece of its rows; (1, 0) when it reads
-    whole rows, one after another (tiles effective). With the plan's `orders` (and the `op`
-    reading it), the rows the walk's loops above L1 read in turn as well before the next piece of
-    the same rows: bert-base ffn2 (512x768x3072) reading B in place under 6x768x64 L2 tiles walks
+def band_rows(workload: Workload, name: str, tiles, padded, orders, op) -> tuple[int, int]:
+    """(rows, piece): the rows of input `name`'s row-major array that `op`'s walk (the plan's
+    `orders`) reads in turn before the next piece of the same rows, and the elements it reads of
+    each, when its L1 block holds a piece of its rows; (1, 0) when it reads whole rows, one
+    after another (tiles effective). The L1 block's rows, times the trips of the loops above L1
+    along the array's other dims inside the first one along its rows: bert-base ffn2 (512x768x3072) reading B in place under 6x768x64 L2 tiles walks
     64 rows of 1x16 L1 blocks down k before stepping along n, and ran in 25.1 ms against 18.9 for
     the plan that packs B, predicted 29.8 against 30.1 as 1-row bands (AMD EPYC Zen 3,
     BENCHMARKS.md "Piece-split session")."""
@@ -848,7 +848,7 @@ def band_rows(workload: Workload, name: str, tiles, padded, orders=None, op=None
     if block[-1] >= padded[dims[-1]]:
         return 1, 0
     rows = math.prod(block[:-1])
-    for x, j in reversed(walk(workload, orders, op) if orders is not None else []):
+    for x, j in reversed(walk(workload, orders, op)):
         if j < 1 or trips(tiles, padded, x, j) <= 1 or x not in dims:
             continue
         if x == dims[-1]:
