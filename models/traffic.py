@@ -24,7 +24,7 @@ from .caches import effective_tiles
 from .costmodel import data_volume, level_usage
 from .hardware import Hardware
 from .kernel_costs import KernelCosts, kernel_costs
-from .objective import charged_dv
+from .objective import charged_dv, held_bytes
 from .workload import Workload
 
 
@@ -82,6 +82,14 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
     together = {}  # the buffers filled at one loop position, one after another
     for _, level, _, buffer, key in costs.copies:
         together[level, key] = together.get((level, key), 0.0) + buffer
+    # Beside them, while the FMA loops read them, the outputs' blocks of that level's tile where the
+    # loops come back to them (their DV into level j is more than their size): gemm 256^3 packing
+    # A's and B's halves of k (260 KiB) at each half, accumulating into all of C (256 KiB), missed
+    # 2.05 MiB of a 512 KiB L2 under valgrind where the buffers' first fills credited as kept
+    # there predicted 1.51 (AMD EPYC Zen 3, BENCHMARKS.md "Seed-cap session").
+    outputs = [t for t in workload.tensors if workload.tensors[t].role == "output"]
+    revisited = [float(d) > held_bytes(workload, workload.dims, outputs)
+                 for d in data_volume(workload, orders, tiles, hardware=hardware, only=set(outputs))]
     for tensor, level, nbytes, buffer, key in costs.copies:
         mine = data_volume(workload, orders, tiles, hardware=hardware, only={tensor})
         for j in range(1, level + 1):
@@ -89,7 +97,8 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
             if j == level:
                 dv[j] += nbytes
                 continue
-            credit = min(float(mine[j]), nbytes) if together[level, key] <= usable else 0.0
+            live = together[level, key] + (held_bytes(workload, tiles[level], outputs) if revisited[j] else 0.0)
+            credit = min(float(mine[j]), nbytes) if live <= usable else 0.0
             # Rewritten for every tile, a buffer with room beside the level's own tile stays
             # there: fetched for ownership once, not at every rewrite.
             owned = buffer if buffer + mu[j] <= usable else nbytes
