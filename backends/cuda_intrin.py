@@ -19,6 +19,7 @@ implementations pass. backends/cuda_check.py runs schedules tensorized onto them
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import linecache
 import sys
@@ -56,10 +57,19 @@ def cheap_frames():
         inspect.stack = saved
 
 
-with cheap_frames():
-    from tvm.s_tir.tensor_intrin import cuda as _cuda  # registers the fp16 intrinsics
+@functools.cache
+def _tvm_cuda():
+    """TVM's CUDA tensor intrinsics, imported (which registers the fp16 ones) on first use: it
+    parses 248 TVMScript functions, seconds that importing the CUDA backend paid before, and
+    with it every test process collecting tests/test_cuda.py (6-8 s of each, AMD EPYC Zen 3)."""
+    with cheap_frames():
+        from tvm.s_tir.tensor_intrin import cuda
+    return cuda
 
-shared_16x16_to_ldmatrix_32x8_layout = _cuda.shared_16x16_to_ldmatrix_32x8_layout  # for cuda_tc
+
+def shared_16x16_to_ldmatrix_32x8_layout(i, j):
+    """TVM's map of a 16x16 shared tile's element to its (lane, register) in an ldmatrix fragment."""
+    return _tvm_cuda().shared_16x16_to_ldmatrix_32x8_layout(i, j)
 
 def _register_once(name: str, make) -> str:
     """Register the intrinsic `make()` returns (desc, impl) under `name` unless it exists."""
@@ -92,14 +102,15 @@ def _register_bf16() -> None:
     for suffix, (mat, trans) in {"a_dyn": ("A", False), "b_dyn": ("B", False),
                                  "b_trans_dyn": ("B", True)}.items():
         _register_once(f"mma_ldmatrix_bf16_{suffix}", lambda m=mat, t=trans: [
-            _retype(f) for f in _cuda.get_ldmatrix_intrin(16, "float16", m, t, "shared.dyn")])
+            _retype(f) for f in _tvm_cuda().get_ldmatrix_intrin(16, "float16", m, t, "shared.dyn")])
     for trans_b in (False, True):
         _register_once("mma_bf16bf16f32" + ("_trans_b" if trans_b else ""), lambda t=trans_b: [
-            _retype(f) for f in _cuda.get_mma_intrin(16, "float16", "float16", "float32", False, t)])
+            _retype(f) for f in _tvm_cuda().get_mma_intrin(16, "float16", "float16", "float32", False, t)])
 
 
 def register_all() -> None:
     """Register every intrinsic this module defines (what a replayed schedule trace names)."""
+    _tvm_cuda()
     _register_bf16()
     for dtype in ("float16", "bfloat16"):
         store_cast_intrin(dtype)
@@ -110,9 +121,10 @@ def intrin_names(dtype: str, trans_b: bool = False) -> dict[str, str]:
     """init/load_a/load_b/compute/store for `dtype` inputs with fp32 accumulation, operands in
     shared.dyn, results stored from the warp fragment to shared.dyn (BufferStores)."""
     if dtype == "float16":
-        g = _cuda.get_mma_intrin_group("shared.dyn", "shared.dyn", "float16", "float32", False, trans_b)
+        g = _tvm_cuda().get_mma_intrin_group("shared.dyn", "shared.dyn", "float16", "float32", False, trans_b)
         return g
     if dtype == "bfloat16":  # the float16 group's names, with the retyped intrinsics
+        _tvm_cuda()  # registers mma_fill_16x16_f32
         _register_bf16()
         return {"init": "mma_fill_16x16_f32",
                 "load_a": "mma_ldmatrix_bf16_a_dyn",
@@ -202,6 +214,7 @@ def _emu_fill():
 def emulated(names: dict[str, str]) -> dict[str, str]:
     """CPU twins of a GEMM's intrinsics (registered once): load_a/load_b/compute/init
     replaced, store kept (its "simple" impl is already plain BufferStores)."""
+    _tvm_cuda()
     out = dict(names)
     for role in ("load_a", "load_b", "compute", "init"):
         name = names[role]
@@ -227,8 +240,8 @@ def _twin(name: str, role: str):
 # --------------------------------------------------------------------------------------
 
 def _store_cast_intrin(out_dtype: str):
-    index_map = _cuda.shared_16x16_to_ldmatrix_32x8_layout
-    index_map_rev = _cuda.ldmatrix_32x8_to_shared_16x16_layout
+    index_map = _tvm_cuda().shared_16x16_to_ldmatrix_32x8_layout
+    index_map_rev = _tvm_cuda().ldmatrix_32x8_to_shared_16x16_layout
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, c: T.handle) -> None:
@@ -276,7 +289,7 @@ def store_cast_intrin(out_dtype: str) -> str:
 # --------------------------------------------------------------------------------------
 
 def _cast_fragment_intrin(out_dtype: str):
-    index_map = _cuda.shared_16x16_to_ldmatrix_32x8_layout
+    index_map = _tvm_cuda().shared_16x16_to_ldmatrix_32x8_layout
 
     @T.prim_func(s_tir=True)
     def desc(a: T.handle, c: T.handle) -> None:
