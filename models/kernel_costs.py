@@ -146,8 +146,8 @@ def stream_level(hardware: Hardware, nbytes: float) -> int:
     return max(home - 1, 0) if home < len(levels) else len(levels) - 1
 
 
-def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded, tiles=None, split=None,
-              cores: int = 1) -> tuple[int, int]:
+def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded, tiles, split,
+              cores: int) -> tuple[int, int]:
     """(run, rows): how the copy of `site` reads its row-major source, as
     backends/llvm_emit._copy_loops walks it: the elements of each contiguous run, and the rows
     it reads in turn while their pieces join up into those runs. Pieces join where the next
@@ -155,7 +155,7 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded, t
     without a calibration of them); after a wider band each piece is a run of its own. (0, 1)
     for an affine window.
 
-    With the plan's (effective) `tiles`, the copies that follow one another join up too: where
+    The copies that follow one another join up too (`tiles`, the plan's, effective): where
     the copy's key-slice loop steps along the rows and the copy reads its block's whole width in
     one run per row, the next copy continues each of the block's rows, a band the prefetcher
     follows (`split`, the op's parallel loop position, gives each of the `cores` threads a
@@ -186,11 +186,16 @@ def copy_walk(workload: Workload, hardware: Hardware, site: CacheSite, padded, t
         else:
             return run, band
     key = site.key
-    if tiles is not None and key is not None and key[0] == tensor.dims[last] and rows <= followed \
-            and run == layout.bounds[last][first]:
-        steps = trips(tiles, padded, *key)
-        run, band = run * (-(-steps // cores) if key == split else steps), rows
+    if key is not None and key[0] == tensor.dims[last] and rows <= followed and run == layout.bounds[last][first]:
+        run, band = run * thread_trips(tiles, padded, key, split, cores), rows
     return run, band
+
+
+def thread_trips(tiles, padded, position, split, cores: int) -> int:
+    """Trips of loop `position` (dim, level) that one thread runs: of the parallel loop (`split`),
+    a contiguous share of them per each of the `cores` threads."""
+    steps = trips(tiles, padded, *position)
+    return -(-steps // cores) if position == split else steps
 
 
 def _row_run(layout: Layout, level: int) -> tuple[list, int]:
@@ -237,13 +242,13 @@ def write_streams(workload: Workload, site: CacheSite) -> tuple[int, int]:
             break
         piece *= size
     places, visit = max(run // piece, 1), min(piece, run)
-    for i, trips, _ in reversed(loops):
+    for i, steps, _ in reversed(loops):
         if i == rank - 1:
-            places *= trips
+            places *= steps
         elif places > 1:
             break
         else:
-            visit *= trips
+            visit *= steps
     return (places, visit) if places > 1 else (1, 0)
 
 
@@ -849,11 +854,12 @@ def band_rows(workload: Workload, name: str, tiles, padded, orders, op) -> tuple
         return 1, 0
     rows = math.prod(block[:-1])
     for x, j in reversed(walk(workload, orders, op)):
-        if j < 1 or trips(tiles, padded, x, j) <= 1 or x not in dims:
+        steps = trips(tiles, padded, x, j)
+        if j < 1 or steps <= 1 or x not in dims:
             continue
         if x == dims[-1]:
             break
-        rows *= trips(tiles, padded, x, j)
+        rows *= steps
     return rows, block[-1]
 
 
@@ -885,13 +891,9 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
                 break
         return elements
 
-    def share(x: str, j: int) -> int:  # trips of loop (x, j) that one thread runs
-        t = trips(tiles, padded, x, j)
-        return -(-t // cores) if (x, j) == split else t
-
     block = [tiles[level][x] for x in dims]
     for x, j in reversed(walk(workload, orders, op)):
-        t = share(x, j)
+        t = thread_trips(tiles, padded, (x, j), split, cores)
         if j < level or x not in dims or t == 1:
             continue  # inside the block, the same block again (from the caches), or no move
         grown = [b * t if d == x else b for b, d in zip(block, dims)]
@@ -901,7 +903,8 @@ def contiguous_run(workload: Workload, orders, op, name: str, tiles, padded, spl
 
     def own(j: int) -> list[int]:  # one thread's part of a level-j block: a chunk of the split loop inside it
         px, pj = split or (None, len(tiles))
-        return [share(x, pj) * tiles[pj][x] if x == px and pj < j else tiles[j][x] for x in dims]
+        return [thread_trips(tiles, padded, (x, pj), split, cores) * tiles[pj][x] if x == px and pj < j else tiles[j][x]
+                for x in dims]
 
     whole = [math.prod(b) for b in map(own, range(level + 1, len(tiles) - 1)) if run(b) == math.prod(b)]
     return max([run(block), *whole])
