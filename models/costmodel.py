@@ -282,11 +282,11 @@ def single_level_bound(workload: Workload, tile: Mapping[str, np.ndarray | int],
     multi-level plans in the tests.
     """
     blocks, counts = loop_classes(workload, [tile], 0)
-    shape = np.shape(blocks[workload.loops[0]][0][0])[1:]
     total = 0.0
     for op in workload.ops:
         walks = _distinct_walks(workload, op, weights)
         if walks is not None:
+            shape = np.broadcast_shapes(*[np.shape(blocks[x][0][0])[1:] for x in op.loops])
             total = total + np.minimum.reduce(
                 [np.broadcast_to(op_volume(workload, op, [perm], 0, blocks, counts, weights), shape) for perm in walks])
             continue

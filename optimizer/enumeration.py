@@ -99,10 +99,14 @@ class _Search:
             self.deadline.spend(sp.work(len(self.grid)))
             self.charged.add(level)
         if level not in self.floor_tables:
-            tile = {x: self.grid[:, i] for i, x in enumerate(sp.loops)}
+            # Each loop's candidates along an axis of its own: each op's bound is costed over the
+            # grid of its own loops and broadcast along the others (ViT attention's chain spent a
+            # fifth of its plan time here, costing each op over the other op's loops as well).
+            tile = {x: sp.candidates[x].reshape([-1 if k == i else 1 for k in range(len(shape))])
+                    for i, x in enumerate(sp.loops)}
             weights = sp.target.register_weights(sp.workload) if level == 0 else None
-            t = single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level]
-            t = np.where(self.mu[level] <= sp.capacity(level), t, np.inf).reshape(shape)
+            t = np.broadcast_to(single_level_bound(sp.workload, tile, weights) / sp.objective.divisors[level], shape)
+            t = np.where(self.mu[level].reshape(shape) <= sp.capacity(level), t, np.inf)
             for axis in range(len(shape)):
                 t = np.minimum.accumulate(t, axis=axis)
             self.floor_tables[level] = t
