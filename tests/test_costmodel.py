@@ -152,3 +152,43 @@ def test_predicted_seconds_adds_the_register_link_to_compute_and_overlaps_the_re
     assert best == pytest.approx((1.5 ** 4 + 2.0 ** 4 + 0.25 ** 4) ** 0.25) and index == 1
     best, index = predicted_seconds(1.0, [0.5, 0.75], shares_issue=True)
     assert best == 1.5 and index == -1
+
+
+@pytest.mark.parametrize("kind,dims,choices", [
+    ("gemm-chain", {"b": 2, "m": 12, "l": 16, "k": 8, "n": 6}, {"b": [1, 2], "m": [1, 4, 12], "l": [2, 16], "k": [1, 8], "n": [3, 6]}),
+    ("batch-gemm", {"b": 3, "m": 10, "n": 8, "k": 6}, {"b": [1, 3], "m": [2, 5, 10], "n": [8], "k": [1, 3, 6]}),
+])
+@pytest.mark.parametrize("registers", [False, True])
+def test_single_level_bound_over_each_loops_own_axis_is_that_of_each_combination(kind, dims, choices, registers):
+    """The search's floor tables give each loop's candidates an axis of their own, so that each op
+    is costed over the grid of its own loops (a chain's two GEMMs share only some): every cell
+    must be the bound of its combination, costed alone with plain numbers."""
+    from cachetile.models.hardware import preset
+
+    w = builtin(kind, dims)
+    weights = preset("host").target.register_weights(w) if registers else None
+    loops = list(w.dims)
+    axes = {x: np.array(choices[x]).reshape([-1 if i == j else 1 for j in range(len(loops))]) for i, x in enumerate(loops)}
+    table = np.broadcast_to(single_level_bound(w, axes, weights), tuple(len(choices[x]) for x in loops))
+    for cell in np.ndindex(table.shape):
+        tile = {x: choices[x][i] for x, i in zip(loops, cell)}
+        assert table[cell] == float(single_level_bound(w, tile, weights)), tile
+
+
+def test_padded_extents_of_numbers_and_arrays_are_those_of_each_plan():
+    """Levels of plain numbers beside levels of candidate arrays (a search's call): each entry is
+    the extent rounded up to a multiple of its largest tile below the extent, as for one plan."""
+    from cachetile.models.costmodel import padded_extents
+
+    w = builtin("gemm", {"m": 97, "n": 64, "k": 30})
+    tiles = [{"m": np.array([5, 6, 97]), "n": 16, "k": np.array([1, 30, 4])},
+             {"m": np.int64(12), "n": 32, "k": np.array([[7], [30]])},
+             {"m": 97, "n": 64, "k": 30}]
+    padded = padded_extents(w, tiles)
+    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in w.dims])
+    for cell in np.ndindex(shape):
+        for x, extent in w.dims.items():
+            below = [int(np.broadcast_to(t[x], shape)[cell]) for t in tiles]
+            below = max((v for v in below if v < extent), default=0)
+            expected = -(-extent // below) * below if below else extent
+            assert np.broadcast_to(padded[x], shape)[cell] == expected, (x, cell)
