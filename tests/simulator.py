@@ -6,6 +6,7 @@ loops' blocks; its size is the number of distinct index tuples it touches,
 counted by listing them (an affine dim `2*oh+kh` touches {2a + b} over the
 block's a and b).
 """
+import functools
 import itertools
 
 
@@ -49,9 +50,16 @@ def _touched(tensor, ranges):
     loop indexes one dim, so that is the product of each dim's distinct indices."""
     size = 1
     for ix in tensor.index:
-        combos = itertools.product(*[range(s, s + n) for s, n in (ranges[x] for x in ix.loops)])
-        size *= len({sum(c * a for (_, c), a in zip(ix.terms, combo)) for combo in combos})
+        size *= _distinct(tuple(c for _, c in ix.terms), tuple(ranges[x][1] for x in ix.loops))
     return size
+
+
+@functools.cache
+def _distinct(coefficients, sizes):
+    """Distinct values of sum(c * a) over each a in range(size), listed. Where the block starts
+    shifts every value alike, so the count is its sizes' alone, and each is listed once."""
+    combos = itertools.product(*map(range, sizes))
+    return len({sum(c * a for c, a in zip(coefficients, combo)) for combo in combos})
 
 
 def _window(tensor, tile):
