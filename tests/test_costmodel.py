@@ -166,13 +166,31 @@ def test_single_level_bound_over_each_loops_own_axis_is_that_of_each_combination
     from cachetile.models.hardware import preset
 
     w = builtin(kind, dims)
-    weights = preset("host").target.register_weights(w) if registers else None
+    _assert_bound_per_cell(w, choices, preset("host").target.register_weights(w) if registers else None)
+
+
+def _assert_bound_per_cell(w, choices, weights=None):
+    """single_level_bound with each loop's `choices` on an axis of its own, cell by cell against
+    the bound of that cell's tile alone."""
     loops = list(w.dims)
     axes = {x: np.array(choices[x]).reshape([-1 if i == j else 1 for j in range(len(loops))]) for i, x in enumerate(loops)}
     table = np.broadcast_to(single_level_bound(w, axes, weights), tuple(len(choices[x]) for x in loops))
     for cell in np.ndindex(table.shape):
         tile = {x: choices[x][i] for x, i in zip(loops, cell)}
-        assert table[cell] == float(single_level_bound(w, tile, weights)), tile
+        assert table[cell] == float(single_level_bound(w, tile, weights)), (w.dims, tile)
+
+
+def test_single_level_bound_over_each_loops_own_axis_holds_for_windows_and_chains_of_convolutions():
+    """As above, for random convolution-like workloads (strides, dilations, padding; conv,
+    depthwise, conv -> 1x1 and three-op chains), whose affine dims combine several loops."""
+    rng, forms = random.Random(5), set()
+    for _ in range(8):
+        w = random_affine_case(rng)[0]
+        forms.add(w.kind)
+        # Two candidates on alternate loops keep the cells (each costed alone) few.
+        _assert_bound_per_cell(w, {x: sorted({1, w.dims[x]}) if i % 2 else [max(1, w.dims[x] // 2)]
+                                   for i, x in enumerate(w.dims)})
+    assert len(forms) >= 3
 
 
 def test_padded_extents_of_numbers_and_arrays_are_those_of_each_plan():
