@@ -214,7 +214,7 @@ def _emu_fill():
 def emulated(names: dict[str, str]) -> dict[str, str]:
     """CPU twins of a GEMM's intrinsics (registered once): load_a/load_b/compute/init
     replaced, store kept (its "simple" impl is already plain BufferStores)."""
-    _tvm_cuda()
+    _tvm_cuda()  # the fp16 intrinsics `names` may name are registered by that import
     out = dict(names)
     for role in ("load_a", "load_b", "compute", "init"):
         name = names[role]

@@ -844,10 +844,11 @@ def band_rows(workload: Workload, name: str, tiles, padded, orders, op) -> tuple
     `orders`) reads in turn before the next piece of the same rows, and the elements it reads of
     each, when its L1 block holds a piece of its rows; (1, 0) when it reads whole rows, one
     after another (tiles effective). The L1 block's rows, times the trips of the loops above L1
-    along the array's other dims inside the first one along its rows: bert-base ffn2 (512x768x3072) reading B in place under 6x768x64 L2 tiles walks
-    64 rows of 1x16 L1 blocks down k before stepping along n, and ran in 25.1 ms against 18.9 for
-    the plan that packs B, predicted 29.8 against 30.1 as 1-row bands (AMD EPYC Zen 3,
-    BENCHMARKS.md "Piece-split session")."""
+    along the array's other dims inside the first one along its rows: bert-base ffn2
+    (512x768x3072) reading B in place under 6x768x64 L2 tiles walks 64 rows of 1x16 L1 blocks
+    down k before stepping along n, and ran in 25.1 ms against 18.9 for the plan that packs B,
+    predicted 29.8 against 30.1 as 1-row bands (AMD EPYC Zen 3, BENCHMARKS.md "Piece-split
+    session")."""
     dims = workload.tensors[name].dims
     block = [tiles[min(1, len(tiles) - 1)][x] for x in dims]
     if block[-1] >= padded[dims[-1]]:

@@ -88,16 +88,17 @@ def with_kernel_traffic(workload: Workload, hardware: Hardware, orders, tiles, c
     # 2.05 MiB of a 512 KiB L2 under valgrind where the buffers' first fills credited as kept
     # there predicted 1.51 (AMD EPYC Zen 3, BENCHMARKS.md "Seed-cap session").
     outputs = [t for t in workload.tensors if workload.tensors[t].role == "output"]
-    revisited = [float(d) > held_bytes(workload, workload.dims, outputs)
-                 for d in data_volume(workload, orders, tiles, hardware=hardware, only=set(outputs))]
+    whole = held_bytes(workload, workload.dims, outputs)
+    revisited = [float(d) > whole for d in data_volume(workload, orders, tiles, hardware=hardware, only=set(outputs))]
     for tensor, level, nbytes, buffer, key in costs.copies:
         mine = data_volume(workload, orders, tiles, hardware=hardware, only={tensor})
+        beside = held_bytes(workload, tiles[level], outputs)
         for j in range(1, level + 1):
             usable = kept[j]
             if j == level:
                 dv[j] += nbytes
                 continue
-            live = together[level, key] + (held_bytes(workload, tiles[level], outputs) if revisited[j] else 0.0)
+            live = together[level, key] + (beside if revisited[j] else 0.0)
             credit = min(float(mine[j]), nbytes) if live <= usable else 0.0
             # Rewritten for every tile, a buffer with room beside the level's own tile stays
             # there: fetched for ownership once, not at every rewrite.
