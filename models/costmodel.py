@@ -399,8 +399,10 @@ def parallel_candidates(workload: Workload, orders: Orders, op) -> list[tuple[st
 
 def _pick(workload, orders, tiles, cores, cands):
     """Index into `cands` and trips of the first candidate with >= cores trips, else the one
-    with most trips (-1 and 1 trip when there is none); vectorised over tile arrays."""
-    if not any_arrays(t[x] for t in tiles for x in workload.dims):  # one plan: plain numbers
+    with most trips (-1 and 1 trip when there is none); vectorised over tile arrays.
+    Candidates sit at levels >= 1, so the register tiles never enter: a search's arrays of them
+    leave the pick a plain number."""
+    if not any_arrays(t[x] for t in tiles[1:] for x in workload.dims):  # one pick: plain numbers
         best, best_trips = -1, 1.0
         for i, (x, j) in enumerate(cands):
             parent = tiles[j + 1][x] if j + 1 < len(tiles) else workload.dims[x]
@@ -410,7 +412,7 @@ def _pick(workload, orders, tiles, cores, cands):
             if t > best_trips:
                 best, best_trips = i, t
         return best, best_trips
-    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles for x in workload.dims])
+    shape = np.broadcast_shapes(*[np.shape(t[x]) for t in tiles[1:] for x in workload.dims])
     pick, trips = np.full(shape, -1), np.ones(shape)
     best, best_trips = np.full(shape, -1), np.ones(shape)
     for i, (x, j) in enumerate(cands):
