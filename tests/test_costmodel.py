@@ -42,6 +42,17 @@ def test_vectorised_evaluation_matches_scalar():
         assert np.broadcast_to(dv[1], (3,))[i] == simulate_dv(w, orders, scalar, 1)  # outer level: scalar
 
 
+def test_one_plan_in_plain_numbers_costs_what_its_one_element_arrays_do():
+    """A plan of plain numbers takes _plain_tensor_dv (Python); as one-element arrays the same plan
+    takes the vectorised path. Bit for bit, on large non-divisible extents, up to four levels."""
+    rng = random.Random(11)
+    for _ in range(150):
+        w, orders, tiles = random_case(rng, max_extent=1000, max_levels=4)
+        arrays = [{x: np.array([v]) for x, v in t.items()} for t in tiles]
+        for plain, vectorised in zip(data_volume(w, orders, tiles), data_volume(w, orders, arrays)):
+            assert np.ndim(plain) == 0 and float(plain) == float(vectorised[0]), (w.dims, orders, tiles)
+
+
 @pytest.mark.parametrize("tm,tn,tk", [(2, 4, 8), (16, 2, 4), (4, 4, 4)])
 def test_gemm_matches_chimera_closed_form(tm, tn, tk):
     M, N, K = 16, 32, 64
