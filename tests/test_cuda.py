@@ -63,6 +63,24 @@ def test_gpu_plans_respect_the_launch_limits(name):
                     assert np.prod([-(-tiles[1][x] // tiles[0][x]) for x in out]) == ln.threads_per_block
 
 
+@pytest.mark.parametrize("name,dtype", [("h100", "float32"), ("a100", "float16"), ("v100", "float32")])
+def test_a_gpu_admits_every_plan_whose_thread_tiles_pass_the_level_filter(name, dtype):
+    """The search checks a GPU plan's launch once, at level 0's filter (CudaGpu.admits_filtered),
+    so admits must add nothing to that filter, under every order: checked on random tile rows
+    under a block tile, on CUDA cores and on tensor cores (float16)."""
+    hw, rng = preset(name), np.random.default_rng(5)
+    for kind, dims in [("gemm", {"m": 256, "n": 192, "k": 96}), ("gemm-chain", {"b": 2, "m": 128, "k": 64, "l": 96, "n": 64})]:
+        w = builtin(kind, dims, dtype)
+        outer = [{x: min(e, 32) for x, e in w.dims.items()}, dict(w.dims)]
+        rows = {x: rng.choice([v for v in (1, 2, 4, 8, 16, 32) if v <= t], size=400) for x, t in outer[0].items()}
+        tiles = [rows, *outer]
+        passed = np.broadcast_to(hw.target.level_filter(w, 0, tiles, 2), (400,))
+        assert 0 < passed.sum() < 400
+        kept = [{x: v[passed] for x, v in rows.items()}, *outer]
+        for order in [list(w.dims), list(reversed(w.dims))]:
+            assert np.all(hw.target.admits(w, kept, 2, [order] * 3)), (name, kind)
+
+
 def test_wave_quantisation_counts_the_last_wave():
     w = builtin("gemm", {"m": 128 * 133, "n": 128, "k": 64})
     tiles = [{"m": 8, "n": 8, "k": 1}, {"m": 128, "n": 128, "k": 64}, {"m": 128 * 133, "n": 128, "k": 64}]

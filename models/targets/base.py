@@ -151,6 +151,11 @@ class Target:
         than one reduction step per load. True elsewhere."""
         return True
 
+    def admits_filtered(self, workload: Workload, tiles: Sequence[Mapping], stages: int, orders=None) -> np.ndarray | bool:
+        """`admits` for plans whose register tiles passed level_filter at level 0: what the orders
+        and the whole plan add to that check (all of admits by default)."""
+        return self.admits(workload, tiles, stages, orders)
+
     def check_stages(self, stages: int) -> None:
         """Raise InvalidInput unless the machine has shared-memory stages to rotate."""
         from ..errors import InvalidInput

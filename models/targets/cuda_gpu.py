@@ -99,6 +99,9 @@ class CudaGpu(Target):
     def admits(self, workload, tiles, stages, orders=None):
         return self.launchable(workload, tiles, stages)
 
+    def admits_filtered(self, workload, tiles, stages, orders=None):
+        return True  # level_filter checked the launch already, and a thread's loop order changes nothing
+
     def launchable(self, workload, tiles, stages):
         """Whether the launch fits the device (threads, registers, shared memory, and the tensor
         core fragments' rules)."""
