@@ -44,8 +44,16 @@ def thread_grid(workload: Workload, op, tiles) -> dict[str, np.ndarray]:
     return {x: np.ceil(_f(tiles[1][x]) / _f(tiles[0][x])) for x in workload.tensors[op.output].dims}
 
 
+def product(values) -> np.ndarray:
+    """The elementwise product of (broadcast) arrays of whole numbers, exact in any order."""
+    out = np.ones(())
+    for v in values:
+        out = out * v
+    return out
+
+
 def threads(workload: Workload, op, tiles) -> np.ndarray:
-    return np.prod(np.stack(np.broadcast_arrays(*thread_grid(workload, op, tiles).values())), axis=0)
+    return product(thread_grid(workload, op, tiles).values())
 
 
 def registers(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
@@ -133,12 +141,11 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     blocks = grid_blocks(workload, tiles[1])
     regs = model.registers(workload, tiles[0])
     smem = model.shared_bytes(workload, tiles[1], stages, tiles[0])
-    per_sm = np.minimum.reduce(np.broadcast_arrays(
+    per_sm = np.minimum(np.minimum(np.minimum(
         float(g.max_blocks_per_sm),
-        np.floor(g.max_threads_per_sm / count),
-        np.floor(g.registers_per_sm / (count * regs)),
-        np.floor(g.shared_per_sm_bytes / np.maximum(smem, 1.0)),
-    ))
+        np.floor(g.max_threads_per_sm / count)),
+        np.floor(g.registers_per_sm / (count * regs))),
+        np.floor(g.shared_per_sm_bytes / np.maximum(smem, 1.0)))
     blocks = np.asarray(blocks)
     waves = np.ceil(blocks / (g.sms * np.maximum(per_sm, 1)))
     fits = smem <= hardware.levels[1].capacity_bytes  # the per-block limit (level usage counts it too)
@@ -185,7 +192,7 @@ def block_has_warps(workload: Workload, hardware: Hardware, tile) -> np.ndarray:
     ok = np.ones((), dtype=bool)
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
-        points = np.prod(np.stack(np.broadcast_arrays(*[_f(tile[x]) for x in dims])), axis=0)
+        points = product(_f(tile[x]) for x in dims)
         whole = float(np.prod([workload.dims[x] for x in dims]))
         ok = ok & ((points >= hardware.gpu.warp) | (points == whole))
     return ok
@@ -209,7 +216,7 @@ def slowdown_floor(workload: Workload, hardware: Hardware, tile, stages: int = 1
     points = np.inf
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
-        points = np.minimum(points, np.prod(np.stack(np.broadcast_arrays(*[_f(tile[x]) for x in dims])), axis=0))
+        points = np.minimum(points, product(_f(tile[x]) for x in dims))
     best = np.full(np.shape(blocks), np.inf)
     for s in range(1, g.max_blocks_per_sm + 1):
         slots = g.sms * s
