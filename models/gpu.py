@@ -13,6 +13,7 @@ Vectorised like the cost model: tiles may be numpy arrays.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal, Mapping, Sequence
 
@@ -135,7 +136,7 @@ def launch(workload: Workload, hardware: Hardware, tiles: Sequence[Mapping], sta
     same = np.ones(np.shape(count), dtype=bool)
     for t in per_op[:-1]:
         same = same & (t == count)
-    points = float(np.prod([workload.dims[x] for x in workload.tensors[workload.ops[-1].output].dims]))
+    points = float(math.prod(workload.dims[x] for x in workload.tensors[workload.ops[-1].output].dims))
     # Whole warps, unless the problem has fewer output points than a warp has threads.
     warps = (count % g.warp == 0) | (count == points)
     blocks = grid_blocks(workload, tiles[1])
@@ -193,7 +194,7 @@ def block_has_warps(workload: Workload, hardware: Hardware, tile) -> np.ndarray:
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
         points = product(_f(tile[x]) for x in dims)
-        whole = float(np.prod([workload.dims[x] for x in dims]))
+        whole = float(math.prod(workload.dims[x] for x in dims))
         ok = ok & ((points >= hardware.gpu.warp) | (points == whole))
     return ok
 
