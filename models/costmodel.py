@@ -165,11 +165,12 @@ def _dim_volume(index, walk_pos, level, n_levels, blocks, cuts) -> np.ndarray:
 
 def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
     """Elements moved into `level` for one tensor (its per-dim `index`) of one op (see module docstring)."""
+    tloops = [x for ix in index for x in ix.loops]
+    cuts = [-1, *sorted({walk_pos[(j, x)] for x in tloops for j in range(level, n_levels)})]
     if all(ix.plain and blocks[ix.loops[0]][level][3].ndim == 1 for ix in index) and not any_arrays(
             counts[y][j] for y in nont for j in range(level, n_levels)):
-        return _plain_tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts)
-    tloops = [x for ix in index for x in ix.loops]
-    cuts = np.array([-1, *sorted({walk_pos[(j, x)] for x in tloops for j in range(level, n_levels)})])
+        return _plain_tensor_dv(tloops, cuts, nont, walk_pos, level, n_levels, blocks, counts)
+    cuts = np.array(cuts)
     # covered[c]: total volume of the blocks t whose deepest multi-trip T-position is at or above cut c.
     covered = np.ones(len(cuts))
     for ix in index:
@@ -191,13 +192,11 @@ def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
     return (gained * mult).sum(axis=0)
 
 
-def _plain_tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts) -> float:
-    """_tensor_dv for one plan (plain numbers) of a tensor whose dims are each one loop, in
-    Python: a polish costs one plan at a time, and numpy's calls on its few cuts took 1.5 ms a
-    gemm plan. The same products in the same order; the sums are of whole numbers of
-    elements, which floats add exactly in any order."""
-    tloops = [ix.loops[0] for ix in index]
-    cuts = [-1, *sorted({walk_pos[(j, x)] for x in tloops for j in range(level, n_levels)})]
+def _plain_tensor_dv(tloops, cuts, nont, walk_pos, level, n_levels, blocks, counts) -> float:
+    """_tensor_dv for one plan (plain numbers) of a tensor whose dims are each one loop
+    (`tloops`), over _tensor_dv's `cuts`, in Python: a polish costs one plan at a time, and
+    numpy's calls on its few cuts took 1.5 ms a gemm plan. The same products in the same order;
+    the sums are of whole numbers of elements, which floats add exactly in any order."""
     covered = [1.0] * len(cuts)
     for x in tloops:
         # The dim's blocks by the walk position of their deepest level (-1: one trip all the way

@@ -45,16 +45,9 @@ def thread_grid(workload: Workload, op, tiles) -> dict[str, np.ndarray]:
     return {x: np.ceil(_f(tiles[1][x]) / _f(tiles[0][x])) for x in workload.tensors[op.output].dims}
 
 
-def product(values) -> np.ndarray:
-    """The elementwise product of (broadcast) arrays of whole numbers, exact in any order."""
-    out = np.ones(())
-    for v in values:
-        out = out * v
-    return out
-
-
 def threads(workload: Workload, op, tiles) -> np.ndarray:
-    return product(thread_grid(workload, op, tiles).values())
+    # math.prod broadcasts the arrays as it multiplies: whole numbers, exact in any order.
+    return math.prod(thread_grid(workload, op, tiles).values())
 
 
 def registers(workload: Workload, tile: Mapping[str, np.ndarray | int]) -> np.ndarray:
@@ -193,7 +186,7 @@ def block_has_warps(workload: Workload, hardware: Hardware, tile) -> np.ndarray:
     ok = np.ones((), dtype=bool)
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
-        points = product(_f(tile[x]) for x in dims)
+        points = math.prod(_f(tile[x]) for x in dims)
         whole = float(math.prod(workload.dims[x] for x in dims))
         ok = ok & ((points >= hardware.gpu.warp) | (points == whole))
     return ok
@@ -217,7 +210,7 @@ def slowdown_floor(workload: Workload, hardware: Hardware, tile, stages: int = 1
     points = np.inf
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
-        points = np.minimum(points, product(_f(tile[x]) for x in dims))
+        points = np.minimum(points, math.prod(_f(tile[x]) for x in dims))
     best = np.full(np.shape(blocks), np.inf)
     for s in range(1, g.max_blocks_per_sm + 1):
         slots = g.sms * s
