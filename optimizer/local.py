@@ -13,7 +13,7 @@ import math
 import numpy as np
 
 from ..models.kernel_costs import followed_rows
-from .registry import Candidate, Deadline, rescore, score
+from .registry import TIE, Candidate, Deadline, level_with, rescore, score
 from .space import Space, divisors
 
 
@@ -145,9 +145,6 @@ def _fill(space: Space, tiles) -> np.ndarray:
         space.usage(j, tiles[j]) / space.capacity(j)
         for j in range(space.n_levels)
     )
-
-
-TIE = 1e-9  # relative difference of ranking keys that _compare treats as rounding noise
 
 
 def _compare(a: tuple, b: tuple, rel: float = TIE) -> int:
@@ -374,8 +371,14 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
             # Every pick must rank at least level with the incumbent: plans over that bound
             # before their serial costs are not costed further (the same picks, in less time).
             bound = _level_with(best)
-            options = _scored(space, best.orders, moves, deadline, bound)
+            # Each phase takes its round's least option (of those fuller than the incumbent, when
+            # growing), so the other moves and orders are costed only while they may still be it.
+            options = _scored(space, best.orders, moves, deadline, bound, best_fill if grow else -np.inf)
             if not grow:
+                # The orders too need only beat the least move. No later round's bound is above
+                # this one (its incumbent is a pick at most this fast), so what _order_key keeps
+                # as over it stays over.
+                bound = min([bound, *(level_with(o[0][0]) for o in options)])
                 for j in range(n):
                     for order in space.orders:
                         if order != best.orders[j]:
@@ -415,25 +418,26 @@ def _unpacked(space: Space, best: Candidate, seconds: float):
         return None
     clock.spend(space.work(levels=n))
     moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
-    options = _scored(space, best.orders, moves, clock, _level_with(best))
+    options = _scored(space, best.orders, moves, clock, _level_with(best), -np.inf)
     return min([o for o in options if _compare(o[0], best.key) < 0], default=None)
 
 
 def _level_with(best: Candidate) -> float:
     """The predicted time over which a move cannot rank level with the incumbent (registry.score's bound)."""
-    return best.key[0] * (1 + TIE) + 1e-300
+    return level_with(best.key[0])
 
 
-def _scored(space: Space, orders, moves, deadline: Deadline, bound: float = np.inf) -> list:
-    """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles); moves over
-    `bound` (registry.score) get an infinite key."""
+def _scored(space: Space, orders, moves, deadline: Deadline, bound: float, fuller: float) -> list:
+    """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles), for a pick of
+    the move of least predicted time among those fuller than `fuller` (-inf: any): moves over
+    `bound` get an infinite key, and so may others that cannot be that move (registry.score's `least`)."""
     if not moves:
         return []
     loops = space.loops
     arrays = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(loops)} for j in range(space.n_levels)]
-    pred, mmax, msum, ok = score(space, orders, arrays, bound=bound)
-    deadline.spend(space.work(len(moves), space.n_levels))
     fill = _fill(space, arrays)
+    pred, mmax, msum, ok = score(space, orders, arrays, bound=bound, least=fill > fuller)
+    deadline.spend(space.work(len(moves), space.n_levels))
     return [((float(pred[m]), float(mmax[m]), float(msum[m])), float(fill[m]), orders, moves[m]) for m in np.flatnonzero(ok)]
 
 

@@ -9,6 +9,7 @@ favour of less data movement. A solver that raises is reported as status
 """
 from __future__ import annotations
 
+import functools
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -100,12 +101,25 @@ class TopK:
         return self.items[-1].key[0] if len(self.items) >= self.k else np.inf
 
 
-def score(space: Space, orders, tiles, serial: bool = True,
-          bound: float = np.inf) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+TIE = 1e-9  # relative difference of predicted times that the rankings treat as rounding noise
+
+
+def level_with(seconds: float) -> float:
+    """The predicted time over which a plan cannot rank level with one of `seconds`."""
+    return seconds * (1 + TIE) + 1e-300
+
+
+def score(space: Space, orders, tiles, serial: bool = True, bound: float = np.inf,
+          least=None) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Vectorised ranking key and feasibility of plans sharing `orders` (tiles may be arrays);
     serial=False leaves out the kernel's serial costs, which are costed one plan at a time.
     The serial costs only add, so a plan already over `bound` without them is not costed
-    further: its predicted time is inf (a search that only wants plans under `bound`)."""
+    further: its predicted time is inf (a search that only wants plans under `bound`).
+    `least` (True, or a mask broadcast like the tiles): only the feasible plan of least
+    predicted time among those (ties within TIE included) is wanted, as a polish's pick is. Plans
+    are then costed in full in order of their time without serial costs, and the bound falls to
+    the least full time found (level_with), so the others over it are not costed further
+    (inf) either: the same least plans, with a fraction of the serial costs."""
     hw = space.hardware
     dv = space.data_volume(orders, tiles)
     secs = space.objective.links(dv, [space.usage(j, tiles[j]) for j in range(space.n_levels)], space.whole,
@@ -123,9 +137,34 @@ def score(space: Space, orders, tiles, serial: bool = True,
     compute = objective.compute(compute_seconds(space.workload, hw, orders, tiles, space.stages))
     predicted, _ = objective.value(compute, secs)
     if serial:
-        seconds, reads, relief = space.serial_costs(orders, tiles, within=predicted <= bound)
-        predicted = predicted + seconds - objective.spared(compute, secs, predicted, relief, reads)
+        full = functools.partial(_with_serial, space, orders, tiles, compute, secs, predicted)
+        predicted = full(predicted <= bound) if least is None else _least(full, predicted, bound, feasible & least)
     return predicted, memmax, memsum, feasible
+
+
+def _with_serial(space: Space, orders, tiles, compute, secs, predicted, within):
+    """Predicted times with the serial costs of the plans `within` (a mask); inf for the others."""
+    seconds, reads, relief = space.serial_costs(orders, tiles, within=within)
+    return predicted + seconds - space.objective.spared(compute, secs, predicted, relief, reads)
+
+
+def _least(full: Callable, predicted, bound: float, among) -> np.ndarray:
+    """score's `least`: `full` (_with_serial) of the plans `among` that may still be the least, in
+    rounds of 1, 1, 2, 4, ... plans (never past the bound) taken in order of `predicted` (their times without the serial
+    costs, which only add), each round lowering the bound to the least full time found so far.
+    Each plan's serial costs are remembered (Space.serial_costs), so a round re-costs none."""
+    shape = np.broadcast_shapes(np.shape(predicted), np.shape(among))
+    before = np.broadcast_to(predicted, shape).ravel()
+    rows = np.flatnonzero(np.broadcast_to(among, shape).ravel() & (before <= bound))
+    rows = rows[np.argsort(before[rows], kind="stable")]
+    within = np.zeros(shape, dtype=bool)
+    out, taken = np.full(shape, np.inf) if shape else np.inf, 0
+    while taken < len(rows) and before[rows[taken]] <= bound:
+        end = min(2 * taken or 1, int(np.searchsorted(before[rows], bound, side="right")))
+        within.flat[rows[taken:end]] = True
+        taken, out = end, full(within)
+        bound = min(bound, level_with(float(np.min(np.broadcast_to(out, shape).ravel()[rows[:taken]]))))
+    return out
 
 
 def rescore(space: Space, cand: Candidate) -> Candidate:

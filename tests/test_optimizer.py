@@ -289,6 +289,41 @@ def test_score_skips_the_serial_costs_of_plans_over_its_bound_and_single_plans_r
         assert space.data_volume(level_orders, one) == [float(d) for d in expected]
 
 
+@pytest.mark.parametrize("dims", [{"m": 127, "n": 251, "k": 509}, {"m": 1000, "n": 1000, "k": 1000}])
+def test_score_least_finds_the_least_plan_with_fewer_serial_costs(dims):
+    """registry.score(least=mask): of the feasible plans in the mask, those of least predicted
+    time (ties within TIE) get exactly their full key, as do the others costed on the way; the
+    rest get inf. So the least of the mask is the one full scoring finds, while fewer plans'
+    serial costs are taken (counted on fresh spaces, which remember none)."""
+    from golden_cases import SIMD
+    from cachetile.models.hardware import hardware_from
+    from cachetile.optimizer.local import _level_moves, _tile_moves
+    from cachetile.optimizer.registry import TIE, score
+
+    w = builtin("gemm", dims)
+    hw = hardware_from(SIMD)
+    space = Space(w, hw)
+    best = tune(w, hw).plan  # where a polish ends: most moves from there cost more
+    orders, plan = [tuple(lp.order) for lp in best.levels], [lp.tile for lp in best.levels]
+    moves = sorted(set(_tile_moves(space, plan)) | set(_level_moves(space, orders, plan, Deadline(60))))
+    tiles = [{x: np.array([m[j][i] for m in moves]) for i, x in enumerate(space.loops)} for j in range(space.n_levels)]
+    full, _, _, ok = score(space, orders, tiles)
+    bare, *_ = score(space, orders, tiles, serial=False)
+    rng = np.random.default_rng(0)
+    for mask in [True, rng.random(len(moves)) < 0.5]:
+        fresh = Space(w, hw)
+        least, _, _, feasible = score(fresh, orders, tiles, least=mask)
+        assert np.array_equal(feasible, ok)
+        among = ok & mask
+        want = np.flatnonzero(among & (full <= full[among].min() * (1 + TIE)))
+        assert np.array_equal(np.flatnonzero(among & (least <= least[among].min() * (1 + TIE))), want)
+        costed = np.isfinite(least)
+        assert np.array_equal(least[costed], full[costed])
+        # a plan left out takes longer than the least even before its serial costs
+        assert np.all(bare[among & ~costed] > least[among].min() * (1 + TIE))
+        assert len(fresh._serial) < np.count_nonzero(among)  # plans over the least left alone
+
+
 # The `host` preset without a calibration profile on the AMD EPYC Zen 4 of BENCHMARKS.md: the
 # per-cycle figures models/hardware.py assumes from a 2.6 GHz clock and sysfs's caches.
 ZEN4_ASSUMED = {"name": "host", "kind": "cpu", "cores": 2, "vector_bytes": 64, "peak_flops": 166152192000.0,
