@@ -241,8 +241,8 @@ class _Search:
         else:
             bound = sp.objective.overlap(compute + (registers if shares else 0.0), clinks, inner)
         if level == 0:  # the orders complete the plan: what the target admits of it (Target.admits)
-            admitted = np.stack([np.broadcast_to(sp.target.admits_filtered(
-                sp.workload, [tile, *outer_tiles], sp.stages, None if self.relaxed else (order, *outer_orders)), (len(rows),))
+            admitted = np.stack([np.broadcast_to(sp.admits(
+                [tile, *outer_tiles], None if self.relaxed else (order, *outer_orders), filtered=True), (len(rows),))
                 for order in orders])
             bound = np.where(admitted, bound, np.inf)
         guide = np.maximum(cmax, inner)

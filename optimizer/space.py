@@ -391,10 +391,13 @@ class Space:
         """MU of `level` for (arrays of) tiles."""
         return self.target.level_usage(self.workload, level, tile, self.stages)
 
-    def admits(self, tiles, orders=None) -> np.ndarray | bool:
+    def admits(self, tiles, orders=None, filtered: bool = False) -> np.ndarray | bool:
         """Whether the target admits the tiles, and with `orders` the plan (a launch that fits a
-        GPU, register tiles that keep a SIMD CPU's FMA pipes busy; Target.admits)."""
-        return self.target.admits(self.workload, tiles, self.stages, orders)
+        GPU, register tiles that keep a SIMD CPU's FMA pipes busy; Target.admits). `filtered`:
+        the register tiles passed level 0's level_filter, which need not be checked again
+        (Target.admits_filtered)."""
+        check = self.target.admits_filtered if filtered else self.target.admits
+        return check(self.workload, tiles, self.stages, orders)
 
     def legal(self, x: str, tiles: np.ndarray, parent: np.ndarray | int, level: int | None = None) -> np.ndarray:
         """Which tiles of loop x (at `level`) nest in the parent tile and obey the target's rules

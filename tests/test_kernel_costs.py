@@ -5,6 +5,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import XEON, ZEN3, gemm_plan
 from simulator import simulate_dv
@@ -304,6 +305,29 @@ def test_a_tile_fed_from_l2_keeps_the_share_of_peak_calibrated_for_its_width():
     shallow = builtin("gemm", {"m": 64, "n": 64, "k": 64})  # 24 floats x 64 steps: 6 KiB
     assert float(fed.target.fed_share(shallow, shallow.ops[0], {"m": 8, "n": 16, "k": 1})) == 1.0
     assert float(REGISTERS_AND_L1.target.fed_share(deep, deep.ops[0], {"m": 8, "n": 16, "k": 1})) == 1.0
+
+
+@pytest.mark.parametrize("hw", [ZEN3, XEON], ids=["zen3", "xeon"])
+def test_a_simd_plan_whose_register_tile_passed_the_level_filter_is_admitted_as_admits_does(hw):
+    """The search checks the register tiles at level 0's filter (SimdCpu.level_filter) and then
+    only what admits adds to it (SimdCpu.admits_filtered): on random register tiles under an L1
+    tile, every order, the filtered check of the rows that passed equals all of admits, and
+    refuses some of them (the chains and registers it adds are real checks)."""
+    rng = np.random.default_rng(3)
+    for kind, dims in [("gemm", {"m": 96, "n": 128, "k": 64}), ("gemm-chain", {"m": 64, "k": 32, "l": 96, "n": 64})]:
+        w = builtin(kind, dims)
+        outer = [{x: min(e, 32) for x, e in w.dims.items()}, dict(w.dims), dict(w.dims), dict(w.dims)]
+        rows = {x: rng.choice([v for v in (1, 2, 4, 8, 16, 32) if v <= t], size=400) for x, t in outer[0].items()}
+        passed = np.broadcast_to(hw.target.level_filter(w, 0, [rows, *outer], 1), (400,))
+        assert 0 < passed.sum() < 400
+        kept = [{x: v[passed] for x, v in rows.items()}, *outer]
+        refused = 0
+        for order in [list(w.dims), list(reversed(w.dims))]:
+            orders = [order] * 4
+            whole = hw.target.admits(w, kept, 1, orders)
+            assert np.array_equal(np.broadcast_to(hw.target.admits_filtered(w, kept, 1, orders), whole.shape), whole)
+            refused += int((~whole).sum())
+        assert refused and hw.target.admits_filtered(w, kept, 1) is True  # without orders: nothing to add
 
 
 def test_a_whole_simd_plan_takes_register_tiles_of_two_rows_unless_the_output_has_one():

@@ -257,21 +257,30 @@ class SimdCpu(Target):
         whole plan is held to it, since one-row tiles rank among the best register tiles, whose
         multiples seed the outer levels' tiles (enumeration.seeded; without them the plans
         returned for 6 of the 19 shapes of bench/shapes.py were predicted 1-13% slower)."""
-        ok = True
         registers = self.hardware.levels[0].capacity_bytes / self.hardware.vector_bytes
-        lanes = self.vector_lanes(workload)
-        weights = self.register_weights(workload) if orders is not None else None
+        ok = True
         for op in workload.ops:
             whole = self.accumulators(workload, op, workload.dims)
             ok = ok & (self.accumulators(workload, op, tiles[0]) >= np.minimum(least_accumulators(registers), whole))
-            if orders is not None:
-                rows = workload.tensors[op.output].dims[:-1]
-                whole_rows = math.prod(workload.dims[x] for x in rows)
-                ok = ok & (math.prod(tiles[0][x] for x in rows) >= min(MIN_ROWS, whole_rows))
-                steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
-                ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
-                hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, weights)
-                ok = ok & (self.op_registers(workload, op, tiles[0]) / lanes + hoisted <= registers)
+        return ok if orders is None else ok & self.admits_filtered(workload, tiles, stages, orders)
+
+    def admits_filtered(self, workload, tiles, stages, orders=None):
+        """`admits` beyond the accumulators of the register tile, which level_filter checked: given
+        the `orders`, the rows, the reduction chain and the registers of the whole plan."""
+        if orders is None:
+            return True
+        ok = True
+        registers = self.hardware.levels[0].capacity_bytes / self.hardware.vector_bytes
+        lanes = self.vector_lanes(workload)
+        weights = self.register_weights(workload)
+        for op in workload.ops:
+            rows = workload.tensors[op.output].dims[:-1]
+            whole_rows = math.prod(workload.dims[x] for x in rows)
+            ok = ok & (math.prod(tiles[0][x] for x in rows) >= min(MIN_ROWS, whole_rows))
+            steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
+            ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
+            hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, weights)
+            ok = ok & (self.op_registers(workload, op, tiles[0]) / lanes + hoisted <= registers)
         return ok
 
     def reduction_room(self, workload, tile, inner):
