@@ -57,6 +57,8 @@ Tiles = Sequence[Mapping[str, "np.ndarray | int"]]  # per level, innermost first
 # two calls in three repeat one already made (gemm 1024^3: 864 calls, 248 distinct).
 _BLOCKS: dict = {}
 _BLOCKS_HELD = 4096
+_PADDED: dict = {}  # padded_extents over arrays, by the tiles' values
+_PADDED_HELD = 64
 
 
 def _tile_key(t) -> tuple | float:
@@ -479,7 +481,25 @@ def parallel_loops(workload: Workload, orders: Orders, tiles: Tiles, cores: int)
 
 def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     """The extents the backend computes over: each loop rounded up to a multiple of its
-    largest tile smaller than the extent (padding computes on zeros, so it costs flops)."""
+    largest tile smaller than the extent (padding computes on zeros, so it costs flops).
+    Over arrays, remembered (_PADDED; the arrays returned are read-only): one score asks for
+    them four times and more (the compute term, the target's reduction chains and registers)."""
+    if not any(isinstance(t[x], np.ndarray) and t[x].ndim for t in tiles for x in workload.dims):
+        return _padded_extents(workload, tiles)
+    key = (tuple(workload.dims.items()), *(_tile_key(t[x]) for t in tiles for x in workload.dims))
+    held = _PADDED.get(key)
+    if held is None:
+        held = _padded_extents(workload, tiles)
+        for v in held.values():
+            if isinstance(v, np.ndarray):
+                v.flags.writeable = False
+        if len(_PADDED) >= _PADDED_HELD:
+            _PADDED.clear()
+        _PADDED[key] = held
+    return dict(held)
+
+
+def _padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     padded = {}
     for x, extent in workload.dims.items():
         # The levels' plain numbers first, in Python: a search's call has a few levels of arrays

@@ -221,3 +221,11 @@ def test_padded_extents_of_numbers_and_arrays_are_those_of_each_plan():
             below = max((v for v in below if v < extent), default=0)
             expected = -(-extent // below) * below if below else extent
             assert np.broadcast_to(padded[x], shape)[cell] == expected, (x, cell)
+    # Remembered by the tiles' values, not the arrays: the same tiles give the same extents, read-only
+    # (a caller cannot change what the next one gets), and tiles changed in place give new ones.
+    again = padded_extents(w, [{x: np.copy(v) for x, v in t.items()} for t in tiles])
+    assert all(np.array_equal(again[x], padded[x]) for x in w.dims)
+    with pytest.raises(ValueError):
+        again["m"][...] = 0
+    tiles[0]["m"][:] = [3, 3, 3]  # m: every row's largest tile below 97 is 12 now
+    assert np.array_equal(np.broadcast_to(padded_extents(w, tiles)["m"], shape), np.full(shape, 108.0))
