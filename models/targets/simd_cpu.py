@@ -279,6 +279,8 @@ class SimdCpu(Target):
             ok = ok & (math.prod(tiles[0][x] for x in rows) >= min(MIN_ROWS, whole_rows))
             steps = math.prod(workload.dims[x] for x in op.loops if x not in workload.tensors[op.output].dims)
             ok = ok & (reduction_chain(workload, op, orders, tiles) >= min(MIN_CHAIN, steps))
+            if not np.any(ok):  # half a search's calls refuse every plan by here; the registers cost most
+                return ok
             hoisted = hoisted_vectors(workload, op, orders, tiles, lanes, weights)
             ok = ok & (self.op_registers(workload, op, tiles[0]) / lanes + hoisted <= registers)
         return ok
