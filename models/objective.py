@@ -31,7 +31,7 @@ from typing import Callable, Mapping, NamedTuple, Sequence
 import numpy as np
 
 from .caches import LINE_BYTES as LINE
-from .costmodel import memory_usage, overlapped, parallel_candidates, parallel_loops, predicted_seconds
+from .costmodel import memory_usage, one_of, overlapped, parallel_candidates, parallel_loops, predicted_seconds
 from .hardware import Hardware
 
 
@@ -309,7 +309,7 @@ def private_floor(workload, hardware: Hardware, orders, tiles) -> np.ndarray | f
     cands = {op.name: parallel_candidates(workload, orders, op) for op in workload.ops}
 
     def splits(op, pick, loops) -> np.ndarray:  # whether the op's parallel loop `pick` indexes one of `loops`
-        return np.isin(pick, [i for i, (x, _) in enumerate(cands[op.name]) if x in loops])
+        return one_of(pick, [i for i, (x, _) in enumerate(cands[op.name]) if x in loops])
 
     last = workload.ops[-1]
     factor: dict[str, np.ndarray] = {}

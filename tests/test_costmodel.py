@@ -229,3 +229,15 @@ def test_padded_extents_of_numbers_and_arrays_are_those_of_each_plan():
         again["m"][...] = 0
     tiles[0]["m"][:] = [3, 3, 3]  # m: every row's largest tile below 97 is 12 now
     assert np.array_equal(np.broadcast_to(padded_extents(w, tiles)["m"], shape), np.full(shape, 108.0))
+
+
+def test_one_of_is_numpys_isin():
+    """costmodel.one_of, the comparisons the parallel pick and the private floor use in place of
+    np.isin: the same answer for numbers and arrays of indices, -1 (no parallel loop) included."""
+    from cachetile.models.costmodel import one_of
+
+    rng = np.random.default_rng(0)
+    for shape in [(), (7,), (3, 4), (2, 1, 5)]:
+        for values in [[], [0], [1, 3], [-1, 0, 2]]:
+            pick = rng.integers(-1, 4, shape) if shape else np.int64(rng.integers(-1, 4))
+            assert np.array_equal(np.asarray(one_of(pick, values)), np.isin(pick, values)), (shape, values)
