@@ -430,7 +430,8 @@ def _level_with(best: Candidate) -> float:
 def _scored(space: Space, orders, moves, deadline: Deadline, bound: float, fuller: float) -> list:
     """(key, fill, orders, tiles) of each feasible move (tiles as Candidate.tiles), for a pick of
     the move of least predicted time among those fuller than `fuller` (-inf: any): moves over
-    `bound` get an infinite key, and so may others that cannot be that move (registry.score's `least`)."""
+    `bound` get an infinite key, and so may others that cannot be that move (registry.score's
+    `least`)."""
     if not moves:
         return []
     loops = space.loops

@@ -149,10 +149,11 @@ def _with_serial(space: Space, orders, tiles, compute, secs, predicted, within):
 
 
 def _least(full: Callable, predicted, bound: float, among) -> np.ndarray:
-    """score's `least`: `full` (_with_serial) of the plans `among` that may still be the least, in
-    rounds of 1, 1, 2, 4, ... plans (never past the bound) taken in order of `predicted` (their times without the serial
-    costs, which only add), each round lowering the bound to the least full time found so far.
-    Each plan's serial costs are remembered (Space.serial_costs), so a round re-costs none."""
+    """score's `least`: `full` (_with_serial) of the plans `among` that may still be the least,
+    taken in order of `predicted` (their times without the serial costs, which only add) in
+    rounds of 1, 1, 2, 4, ... plans, never past the bound, each round lowering the bound to the
+    least full time found so far. Each plan's serial costs are remembered (Space.serial_costs),
+    so a round re-costs none."""
     shape = np.broadcast_shapes(np.shape(predicted), np.shape(among))
     before = np.broadcast_to(predicted, shape).ravel()
     rows = np.flatnonzero(np.broadcast_to(among, shape).ravel() & (before <= bound))
