@@ -290,7 +290,8 @@ def turns(workload, tile: Mapping) -> tuple:
     sees, as bench/cachegrind.py and bench/fidelity.py measure. (0, 0, 0) for one op."""
     if len(workload.ops) == 1:
         return (0.0, 0.0, 0.0)
-    trips = math.prod(-(-extent // np.asarray(tile[x])) for x, extent in workload.dims.items())
+    # In floats: whole numbers, exact below 2**53 trips, where int64 overflowed on extreme extents.
+    trips = math.prod(-(-extent // np.asarray(tile[x], dtype=np.float64)) for x, extent in workload.dims.items())
     return (memory_usage(workload, tile), held_bytes(workload, tile), trips)
 
 
