@@ -75,20 +75,26 @@ def any_arrays(values) -> bool:
     return any(isinstance(v, np.ndarray) and v.ndim for v in values)
 
 
+def _remembered(cache: dict, limit: int, key, make, arrays):
+    """make()'s result, kept in `cache` under `key` (emptied once it holds `limit`), with the
+    arrays `arrays(result)` yields made read-only: every caller then shares them."""
+    held = cache.get(key)
+    if held is None:
+        held = make()
+        for a in arrays(held):
+            a.flags.writeable = False
+        if len(cache) >= limit:
+            cache.clear()
+        cache[key] = held
+    return held
+
+
 def loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
     """Classes of a loop's blocks at every level (tiles innermost first); see _loop_blocks.
     Remembered (_BLOCKS): the arrays returned are read-only."""
     key = (float(extent), *map(_tile_key, tiles))
-    held = _BLOCKS.get(key)
-    if held is None:
-        held = _loop_blocks(extent, tiles)
-        for arrays in held:
-            for a in arrays:
-                a.flags.writeable = False
-        if len(_BLOCKS) >= _BLOCKS_HELD:
-            _BLOCKS.clear()
-        _BLOCKS[key] = held
-    return list(held)
+    return list(_remembered(_BLOCKS, _BLOCKS_HELD, key, lambda: _loop_blocks(extent, tiles),
+                            lambda held: (a for level in held for a in level)))
 
 
 def _loop_blocks(extent: int, tiles: Sequence[np.ndarray | int]) -> list[tuple[np.ndarray, ...]]:
@@ -495,19 +501,11 @@ def padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:
     largest tile smaller than the extent (padding computes on zeros, so it costs flops).
     Over arrays, remembered (_PADDED; the arrays returned are read-only): one score asks for
     them four times and more (the compute term, the target's reduction chains and registers)."""
-    if not any(isinstance(t[x], np.ndarray) and t[x].ndim for t in tiles for x in workload.dims):
+    if not any_arrays(t[x] for t in tiles for x in workload.dims):
         return _padded_extents(workload, tiles)
     key = (tuple(workload.dims.items()), *(_tile_key(t[x]) for t in tiles for x in workload.dims))
-    held = _PADDED.get(key)
-    if held is None:
-        held = _padded_extents(workload, tiles)
-        for v in held.values():
-            if isinstance(v, np.ndarray):
-                v.flags.writeable = False
-        if len(_PADDED) >= _PADDED_HELD:
-            _PADDED.clear()
-        _PADDED[key] = held
-    return dict(held)
+    return dict(_remembered(_PADDED, _PADDED_HELD, key, lambda: _padded_extents(workload, tiles),
+                            lambda held: (v for v in held.values() if isinstance(v, np.ndarray))))
 
 
 def _padded_extents(workload: Workload, tiles: Tiles) -> dict[str, np.ndarray]:

@@ -158,13 +158,16 @@ def _least(full: Callable, predicted, bound: float, among) -> np.ndarray:
     before = np.broadcast_to(predicted, shape).ravel()
     rows = np.flatnonzero(np.broadcast_to(among, shape).ravel() & (before <= bound))
     rows = rows[np.argsort(before[rows], kind="stable")]
+    ordered = before[rows]
     within = np.zeros(shape, dtype=bool)
     out, taken = np.full(shape, np.inf) if shape else np.inf, 0
-    while taken < len(rows) and before[rows[taken]] <= bound:
-        end = min(2 * taken or 1, int(np.searchsorted(before[rows], bound, side="right")))
+    while taken < len(rows) and ordered[taken] <= bound:
+        end = min(2 * taken or 1, int(np.searchsorted(ordered, bound, side="right")))
         within.flat[rows[taken:end]] = True
-        taken, out = end, full(within)
-        bound = min(bound, level_with(float(np.min(np.broadcast_to(out, shape).ravel()[rows[:taken]]))))
+        out = full(within)
+        # The bound holds the earlier rounds' least already: this round's plans may only lower it.
+        bound = min(bound, level_with(float(np.min(np.broadcast_to(out, shape).ravel()[rows[taken:end]]))))
+        taken = end
     return out
 
 
