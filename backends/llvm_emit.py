@@ -387,7 +387,9 @@ def _copy_loops(sch, cache, layout: Layout, level: int, lanes: int, parallel: in
             # A in pieces of 30 and 60 floats (in vectors of 2 and 4) ran 1.09-1.34x as long as
             # in masked whole vectors (Intel Xeon, BENCHMARKS.md "Padded-copy session"); copied
             # as one odd vector, gemm 1000^3's pack rows of 100, 50, 40 and 25 floats ran
-            # 1.2-1.8x as long as in those narrower vectors (AMD EPYC Zen 4).
+            # 1.2-1.8x as long as in those narrower vectors (AMD EPYC Zen 4). TVM still moves
+            # the masked vectors' lanes one at a time, with fewer tests than those; kernel_costs
+            # counts their elements (copy_ops).
             sch.vectorize(sch.split(order[-1], factors=[None, lanes])[1])
             return edges
         _vectorize(sch, order[-1], lanes)

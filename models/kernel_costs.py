@@ -606,19 +606,27 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padd
     prediction, the copy loops holding 69% of its samples.
 
     `padding`: the copy reads the zero-padded input. A piece longer than a vector and not a
-    whole number of them then moves in whole vectors, the last one masked
-    (backends/llvm_emit._copy_loops): ceil(piece / lanes) of them, each at a whole vector's
-    cost. Before, such pieces moved element by element (in vectors of the power of two that
-    divides them, which LLVM splits under the padding's condition) and were counted as their
-    elements' worth of vectors, less the parts: gemm 127x251x509's plans packing A in pieces of
-    30 floats ranked first, predicted 5% faster than 8x32 tiles, and ran 14-20% slower
-    (BENCHMARKS.md, "Padded-copy session")."""
+    whole number of them is then split in whole vectors, the last one masked
+    (backends/llvm_emit._copy_loops). They were counted at a whole vector's cost each; before
+    that, such pieces moved in vectors of the power of two that divides them, which LLVM splits
+    under the padding's condition, and were counted as their elements' worth of vectors, less
+    the parts: gemm 127x251x509's plans packing A in pieces of 30 floats ranked first, predicted
+    5% faster than 8x32 tiles, and ran 14-20% slower (BENCHMARKS.md, "Padded-copy session").
+    Now the masked vectors are counted as their elements, moved one at a time: TVM moves each
+    lane under the split's predicate and the padding's condition on its own, a test each, and
+    LLVM seldom merges them back. gemm 1000^3 with 9x8x11 tiles (k padded to 1001) packed A in
+    pieces of 11 floats as 11 scalar loads, each under its own test, 104 instructions a piece;
+    that loop held 53% of the kernel's samples (58 ms a call, predicted 51 with the pieces as two
+    vectors each; AMD EPYC Zen 3). Built for Zen 4 the pieces move alike, as do pieces of 20 and
+    50 floats read through a padding of the rows alone (BENCHMARKS.md, "Masked-lane session").
+    Each element is priced as a transposing copy's (copy_element_seconds), though with its test
+    it took about three times that here."""
     if site.layout is None:
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
     if masked_piece(piece, lanes, padding):
-        return elements / piece * -(-piece // lanes), 0.0
+        return 0.0, float(elements)
     if piece <= 1:
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0
@@ -655,7 +663,7 @@ def masked_piece(piece: int, lanes: int, padding: bool) -> bool:
     """Whether a packing copy moves its rows' pieces of `piece` elements in whole vectors of
     `lanes`, the last one masked: it reads through the input's zero padding and the piece is
     longer than a vector but not a whole number of them (backends/llvm_emit._copy_loops emits
-    it so, copy_ops counts it so)."""
+    it so; copy_ops counts what that compiles to: its elements, one at a time)."""
     return padding and piece > lanes and piece % lanes != 0
 
 

@@ -593,13 +593,39 @@ def test_register_tile_is_zeroed_under_its_key_when_a_copy_sits_above_it():
     check(w, built.lib)
 
 
+def test_a_masked_vectors_lanes_move_one_at_a_time():
+    """A's pack reads it through its zero padding (k 190 in tiles of 20) in pieces of 20 floats,
+    split in whole vectors, the last masked. TVM moves each lane of those vectors on its own, a
+    test each: the kernel issues scalar moves, a vector's lanes' worth at least, where the same
+    tiles on an unpadded problem (no copy) issue none; kernel_costs counts the copy's elements,
+    as many as the copy block runs (tir_walk.copy_moves); and the kernel matches numpy."""
+    scalar = re.compile(r"\bvmovs[sd]\b")
+    lanes = HOST.vector_bytes // 4
+    moves = {}
+    for k in (190, 200):
+        w = builtin("gemm", {"m": 18, "n": 16, "k": k})
+        tiles = [{"m": 6, "n": 16, "k": 1}, {"m": 6, "n": 16, "k": 20}, *[{"m": 18, "n": 16, "k": k}] * 2][-len(HOST.levels):]
+        orders = [["m", "n", "k"]] * len(HOST.levels)
+        plan = make_plan(w, HOST, orders, tiles)
+        built = build(w, HOST, plan)
+        moves[k] = len(scalar.findall(built.lib.mod.inspect_source("asm")))
+        modelled = {t: (v, e) for t, v, e in kernel_costs(w, HOST, orders, tiles).copy_ops}
+        walked = copy_moves(built.emitted.schedule.mod["main"].body, lanes)
+        assert modelled == {n.removesuffix("_pad_global"): m for n, m in walked.items() if n.endswith("_pad_global")}
+        # k 190: A's 18 rows padded to 200, each element once; k 200: nothing padded, nothing copied.
+        assert modelled.get("A") == ((0.0, 18 * 200) if k == 190 else None)
+        check(w, built.lib)
+    assert moves[190] >= lanes and moves[200] == 0, moves
+
+
 def test_a_zero_padding_copys_odd_rows_move_in_whole_vectors_the_last_one_masked():
     """A's pack reads it through its zero padding (90 rows in 23-row tiles) in rows of 100
     floats, not a whole number of 16-float vectors. Under the padding's condition LLVM moves
     an odd-width vector, or one narrower than a register, element by element (gemm 1000^3 with
-    23x16 tiles, copied as one <100 x float>: 22.9 ms, 12.6 in 4-float vectors). It moves in
-    7 whole vectors, the last masked, as kernel_costs counts; B, not padded, keeps its whole
-    16-float rows."""
+    23x16 tiles, copied as one <100 x float>: 22.9 ms, 12.6 in 4-float vectors). It is split
+    in 7 whole vectors, the last masked, which TVM then moves lane by lane: kernel_costs counts
+    its elements (test_a_masked_vectors_lanes_move_one_at_a_time); B, not padded, keeps its
+    whole 16-float rows."""
     if HOST.vector_bytes != 64:
         pytest.skip("the tiles are sized for AVX-512's 32 registers of 16 floats")
     w = builtin("gemm", {"m": 90, "n": 64, "k": 200})

@@ -39,15 +39,21 @@ def block_runs(stmt) -> Counter:
     (a row split into whole vectors, the last one masked: llvm_emit._copy_loops)."""
     acc = Counter()
     for name, loops, realize in block_loops(stmt, realizes=True):
-        runs = math.prod(int(lp.extent) for lp in loops)
-        inner = loops[-2:]
-        free = set(tirx.analysis.undefined_vars(realize.predicate))
-        if free and len(inner) == 2 and free <= {lp.loop_var for lp in inner}:
-            kept = sum(_holds(realize.predicate, {inner[0].loop_var: i, inner[1].loop_var: j})
-                       for i in range(int(inner[0].extent)) for j in range(int(inner[1].extent)))
-            runs = runs // (int(inner[0].extent) * int(inner[1].extent)) * kept
-        acc[name] += runs
+        acc[name] += _kept_runs(loops, realize)
     return acc
+
+
+def _kept_runs(loops, realize) -> int:
+    """Runs of a block under `loops`, less those its predicate masks off when it reads only the
+    two innermost loops."""
+    runs = math.prod(int(lp.extent) for lp in loops)
+    inner = loops[-2:]
+    free = set(tirx.analysis.undefined_vars(realize.predicate))
+    if free and len(inner) == 2 and free <= {lp.loop_var for lp in inner}:
+        kept = sum(_holds(realize.predicate, {inner[0].loop_var: i, inner[1].loop_var: j})
+                   for i in range(int(inner[0].extent)) for j in range(int(inner[1].extent)))
+        runs = runs // (int(inner[0].extent) * int(inner[1].extent)) * kept
+    return runs
 
 
 def _holds(predicate, values: dict) -> bool:
@@ -79,15 +85,28 @@ def copy_moves(stmt, lanes: int) -> dict[str, tuple[float, float]]:
     runs: a vectorised innermost loop of extent e moves e // lanes whole vectors and the rest in
     power-of-two parts per trip of the loops around it (what LLVM issues, checked against its
     assembly in test_kernel_costs; a zero-padding copy's row split into whole vectors, the last
-    one masked, counts each), any other loop one element per run."""
+    one masked, counts each), any other loop one element per run, and so does a masked vector
+    whose padding's condition differs from lane to lane (_lane_guarded)."""
     acc = {}
-    for name, loops in block_loops(stmt):
+    for name, loops, realize in block_loops(stmt, realizes=True):
         runs = math.prod(int(lp.extent) for lp in loops)
         vectors, elements = acc.get(name, (0.0, 0.0))
-        if loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
+        if loops and loops[-1].kind == tirx.ForKind.VECTORIZED and _lane_guarded(realize, loops[-1].loop_var):
+            elements += _kept_runs(loops, realize)
+        elif loops and loops[-1].kind == tirx.ForKind.VECTORIZED:
             extent = int(loops[-1].extent)
             vectors += runs / extent * (extent // lanes + bin(extent % lanes).count("1"))
         else:
             elements += runs
         acc[name] = (vectors, elements)
     return acc
+
+
+def _lane_guarded(realize, lane) -> bool:
+    """Whether the block's predicate masks lanes of the vector loop `lane` and its value is read
+    under a condition (a zero-padding copy's masked last vector: llvm_emit._copy_loops). TVM
+    then moves each lane on its own, a test each (test_backend checks the assembly)."""
+    if lane not in set(tirx.analysis.undefined_vars(realize.predicate)):
+        return False
+    value = getattr(realize.block.body, "value", None)
+    return hasattr(value, "op") and getattr(value.op, "name", "") == "prim.if_then_else"
