@@ -639,8 +639,8 @@ def issue_seconds(workload: Workload, hardware: Hardware, site, elements: float,
     of a piece narrower than a vector (vector_ops) at the lesser of a vector's figure and its
     elements'. gemm 127x251x509's plans that pack A two floats a piece were predicted 1.3-1.4x
     their measured time with each part priced as a 16-float vector (BENCHMARKS.md, "Hoist
-    session"). `padding`: as copy_ops takes it (a padded piece longer than a vector moves in
-    whole ones)."""
+    session"). `padding`: as copy_ops takes it (a padded piece longer than a vector, not a
+    whole number of them, moves its elements one at a time)."""
     vectors, singles = ops if ops is not None else copy_ops(workload, hardware, site, elements, padding)
     seconds = vectors * hardware.copy_vector_seconds + singles * hardware.copy_element_seconds
     piece, lanes = row_piece(site.layout), hardware.target.vector_lanes(workload)
@@ -660,7 +660,7 @@ def row_piece(layout) -> int | None:
 
 
 def masked_piece(piece: int, lanes: int, padding: bool) -> bool:
-    """Whether a packing copy moves its rows' pieces of `piece` elements in whole vectors of
+    """Whether a packing copy splits its rows' pieces of `piece` elements in whole vectors of
     `lanes`, the last one masked: it reads through the input's zero padding and the piece is
     longer than a vector but not a whole number of them (backends/llvm_emit._copy_loops emits
     it so; copy_ops counts what that compiles to: its elements, one at a time)."""

@@ -618,7 +618,7 @@ def test_a_masked_vectors_lanes_move_one_at_a_time():
     assert moves[190] >= lanes and moves[200] == 0, moves
 
 
-def test_a_zero_padding_copys_odd_rows_move_in_whole_vectors_the_last_one_masked():
+def test_a_zero_padding_copys_odd_rows_are_split_in_whole_vectors_the_last_one_masked():
     """A's pack reads it through its zero padding (90 rows in 23-row tiles) in rows of 100
     floats, not a whole number of 16-float vectors. Under the padding's condition LLVM moves
     an odd-width vector, or one narrower than a register, element by element (gemm 1000^3 with

@@ -84,9 +84,9 @@ def copy_moves(stmt, lanes: int) -> dict[str, tuple[float, float]]:
     """Per block: (vectors, single elements) its innermost loop moves, the loop's trips times its
     runs: a vectorised innermost loop of extent e moves e // lanes whole vectors and the rest in
     power-of-two parts per trip of the loops around it (what LLVM issues, checked against its
-    assembly in test_kernel_costs; a zero-padding copy's row split into whole vectors, the last
-    one masked, counts each), any other loop one element per run, and so does a masked vector
-    whose padding's condition differs from lane to lane (_lane_guarded)."""
+    assembly in test_kernel_costs), any other loop one element per run. A zero-padding copy's
+    row split into whole vectors, the last one masked, moves the lanes it keeps one at a time
+    (_lane_guarded)."""
     acc = {}
     for name, loops, realize in block_loops(stmt, realizes=True):
         runs = math.prod(int(lp.extent) for lp in loops)
