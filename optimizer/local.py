@@ -370,7 +370,7 @@ def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) 
                 moves = sorted(set(moves) | set(_level_moves(space, best.orders, tiles, deadline)))
             # Every pick must rank at least level with the incumbent: plans over that bound
             # before their serial costs are not costed further (the same picks, in less time).
-            bound = _level_with(best)
+            bound = level_with(best.key[0])
             # Each phase takes its round's least option (of those fuller than the incumbent, when
             # growing), so the other moves and orders are costed only while they may still be it.
             options = _scored(space, best.orders, moves, deadline, bound, best_fill if grow else -np.inf)
@@ -418,13 +418,8 @@ def _unpacked(space: Space, best: Candidate, seconds: float):
         return None
     clock.spend(space.work(levels=n))
     moves = _unpack_moves(space, tiles, costs) + _band_moves(space, tiles, costs)
-    options = _scored(space, best.orders, moves, clock, _level_with(best), -np.inf)
+    options = _scored(space, best.orders, moves, clock, level_with(best.key[0]), -np.inf)
     return min([o for o in options if _compare(o[0], best.key) < 0], default=None)
-
-
-def _level_with(best: Candidate) -> float:
-    """The predicted time over which a move cannot rank level with the incumbent (registry.score's bound)."""
-    return level_with(best.key[0])
 
 
 def _scored(space: Space, orders, moves, deadline: Deadline, bound: float, fuller: float) -> list:
