@@ -625,9 +625,7 @@ def copy_ops(workload: Workload, hardware: Hardware, site, elements: float, padd
         return 0.0, 0.0
     lanes = hardware.target.vector_lanes(workload)
     piece = row_piece(site.layout) or 1
-    if masked_piece(piece, lanes, padding):
-        return 0.0, float(elements)
-    if piece <= 1:
+    if piece <= 1 or masked_piece(piece, lanes, padding):
         return 0.0, float(elements)
     return elements / piece * vector_ops(piece, lanes), 0.0
 
