@@ -101,8 +101,8 @@ def emit(workload: Workload, hardware: Hardware, plan: Plan, double_buffer: bool
         for name in dict.fromkeys(s.tensor for s in sites if s.op == op.name):
             _cache_input(sch, blocks[op.name], workload, op, [s for s in sites if s.op == op.name and s.tensor == name],
                          nests, padded, lanes, copy_cores, parallel_at, pipelined, edges, name in passes)
-        _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
-                    parallel.get(op.name))
+        edges += _accumulate(sch, blocks[op.name], workload, orders, op, tiles, padded, nests, lanes, copy_cores,
+                             parallel.get(op.name))
     _double_buffer(sch, pipelined)
     inline_padding(sch, workload, padded, set(passes))
     for name, site in passes.items():
@@ -443,14 +443,16 @@ def _vectorize(sch, loop, lanes: int | None, vectors: int = 1) -> None:
 TILE_ROW_VECTORS = 4
 
 
-def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int, split=None) -> None:
+def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, cores: int, split=None) -> list:
     """The output's register tile, at its level-0 key-slice; or, when the tile must resume from
     its running sum (TensorIR has no read-modify-write cache of a reduction), the output's
     block in a contiguous buffer that the tile accumulates into, zeroed at `start` and written
     back once, instead of the row-major array, whose strided rows conflict in the caches
     (models/caches.output_plan; a chain's intermediate is such a buffer already). `cores`: the
     cores a crop pass of its own shares (1 when the kernel runs serially); `split`: the op's
-    parallel loop (caches.parallel_positions), if any."""
+    parallel loop (caches.parallel_positions), if any. Returns the loops llvm_partition splits
+    (_crop_vectors)."""
+    edges: list = []
     plan = output_plan(workload, orders, op, tiles, padded)
     if plan is not None:
         holder, start = plan.holder, plan.start
@@ -472,7 +474,7 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
             crop = sch.get_loops(out)
             if cores > 1:
                 sch.parallel(crop[0])
-            _vectorize(sch, crop[-1], lanes)
+            edges = _crop_vectors(sch, out, crop[-1], lanes)
         moves = sch.decompose_reduction(block, nests.get(op, start))
     else:
         key, _ = output_tile(workload, orders, op, tiles, padded)
@@ -489,6 +491,24 @@ def _accumulate(sch, block, workload, orders, op, tiles, padded, nests, lanes, c
         if workload.tensors[op.output].role == "intermediate":  # its blocks' rows alias like an output's
             _skew_rows(sch, moves, padded[workload.tensors[op.output].dims[-1]], workload.elem_bytes)
     _vectorize(sch, sch.get_loops(moves)[-1], lanes, TILE_ROW_VECTORS)  # zeroing or storing the tile
+    return edges
+
+
+def _crop_vectors(sch, block, loop, lanes: int | None) -> list:
+    """Vectorise a crop pass's row loop (_vectorize), except that a row longer than a vector and
+    not a whole number of them (the output's real extent, 1000 floats) is split into vectors, the
+    last one masked; returned as an edge for llvm_partition to split before that last vector, so
+    that the others move whole vectors unconditionally. Vectorised whole, TVM lowers one vector
+    of the row's length: gemm 1000^3's crop in `mkn:14,16,2 | nmk:14,16,2 | knm:42,32,2 |
+    knm:42,32,46` took 283 s to compile (BENCHMARKS.md "Crop-vector session")."""
+    extent = sch.get(loop).extent
+    if not lanes or not isinstance(extent, tirx.IntImm) or extent.value <= lanes or extent.value % lanes == 0:
+        _vectorize(sch, loop, lanes)
+        return []
+    outer, inner = sch.split(loop, factors=[None, lanes])
+    sch.vectorize(inner)
+    depth = next(d for d, at in enumerate(sch.get_loops(block)) if sch.get(at).same_as(sch.get(outer)))
+    return [(sch.get(block).name_hint, [depth])]
 
 
 def _threads_apart(sch, block, workload, orders, op, tiles, padded, holder, split) -> int:
