@@ -22,6 +22,10 @@ from cachetile.optimizer.registry import SOLVERS  # noqa: E402
 from cachetile.optimizer.space import Space  # noqa: E402
 
 
+# Wall-clock figures of this machine: `make test` runs them alone (the `quiet` marker). Beside the
+# suite's other worker on the Skylake-SP Xeon of BENCHMARKS.md, pyomo-ipopt returned from a 0.5 s
+# limit in up to 1.87 s, past the MARGIN; alone, every solve kept it.
+@pytest.mark.quiet
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 def test_every_solver_keeps_its_limit_on_extreme_extents(solver):
     # The GPU preset only where something fits (serial loops are held whole in L2).
@@ -71,10 +75,12 @@ def test_infeasible_gpu_hardware_is_infeasible_on_every_solver(hw, match, solver
 @pytest.mark.parametrize("solver", ["pyomo-scip", "pyomo-ipopt"])
 def test_pyomo_solvers_find_plans_whose_launch_no_relaxation_sees(solver):
     """31 x 31 outputs: whole warps need a thread tile the rounded relaxation misses. (A limit of
-    10 s: pyomo-ipopt took 3.8-4.9 s here on the AMD EPYC Zen 3 of BENCHMARKS.md.)"""
+    30 s, which a solve that finds its plan does not wait out: pyomo-ipopt took 3.8-4.9 s on the
+    AMD EPYC Zen 3 of BENCHMARKS.md, and ran out a 10 s limit beside the suite's other worker on
+    the slower Skylake-SP Xeon.)"""
     w = builtin("gemm", {"m": 31, "n": 31, "k": 1})
     auto = tune(w, preset("v100"), "auto", time_limit=10, top=0)
-    result = tune(w, preset("v100"), solver, time_limit=10, top=0)
+    result = tune(w, preset("v100"), solver, time_limit=30, top=0)
     assert result.solver.status in ("optimal", "feasible")
     assert result.plan.predicted_seconds <= 1.1 * auto.plan.predicted_seconds
 
