@@ -500,7 +500,7 @@ def _crop_vectors(sch, block, loop, lanes: int | None) -> list:
     last one masked; returned as an edge for llvm_partition to split before that last vector, so
     that the others move whole vectors unconditionally. Vectorised whole, TVM lowers one vector
     of the row's length: gemm 1000^3's crop in `mkn:14,16,2 | nmk:14,16,2 | knm:42,32,2 |
-    knm:42,32,46` took 283 s to compile (BENCHMARKS.md "Crop-vector session")."""
+    knm:42,32,46` took 283 s to compile (BENCHMARKS.md "Skylake-SP session")."""
     extent = sch.get(loop).extent
     if not lanes or not isinstance(extent, tirx.IntImm) or extent.value <= lanes or extent.value % lanes == 0:
         _vectorize(sch, loop, lanes)
