@@ -190,9 +190,9 @@ def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
     nd = max([covered.ndim - 1, *(np.ndim(counts[y][j]) for y in nont for j in range(level, n_levels))])
     total, below = 0.0, 0.0
     for c, cut in enumerate(cuts):
-        # The innermost level whose y-position lies above the cut: its block count multiplies.
         gained = _align(covered[c] - below, nd)
         for y in nont:
+            # The innermost level whose y-position lies above the cut: its block count multiplies.
             j = next((j for j in range(level, n_levels) if walk_pos[(j, y)] < cut), None)
             if j is not None:
                 gained = gained * _align(np.asarray(counts[y][j]), nd)
