@@ -89,7 +89,10 @@ def test_gpu_presets_sweep_the_levels_own_usage(level):
     caps = capacity_sweep(w, hw, level, points=4)
     i = [lv.name for lv in hw.levels].index(level)
     assert caps[0] == Space(w, hw, stages=2).level_footprint(i) > float(memory_usage(w, {x: 1 for x in w.dims}))
-    front = pareto(w, hw, level, points=4, time_limit=2)
+    # Each point's solve stops at its work cap (budget.GPU_WORK, about 1.5 s on the AMD EPYC), not
+    # at the limit: at 2 s the Skylake-SP Xeon of BENCHMARKS.md, beside the suite's other worker,
+    # stopped a point on the clock with a plan that moved more than the next smaller capacity's.
+    front = pareto(w, hw, level, points=4, time_limit=10)
     assert front.points and set(p.capacity_bytes for p in front.points) <= set(caps)
     assert all(p.mu_bytes <= p.capacity_bytes for p in front.points)
     dvs = [p.dv_bytes for p in front.points]
