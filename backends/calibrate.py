@@ -23,7 +23,8 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   still short (as if another tenant shared a core's FMA pipes: on the Intel
   Xeon of BENCHMARKS.md, 254 against 2 x 177 GFLOP/s in the minutes after
   boot, 351 a minute later); above cores / SCALES, the one-core kernels are
-  (on the Skylake-SP Xeon, 54.5 GFLOP/s on one core against 201 on two);
+  timed again (on the Skylake-SP Xeon, 54.5 GFLOP/s on one core against 201
+  on two);
 - first, the stream below over working sets doubling from twice the private
   caches' total to half the last cache (all cores): where the larger ones
   stream at memory's speed, the last cache holds less than sysfs says (a

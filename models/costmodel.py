@@ -179,9 +179,9 @@ def _tensor_dv(index, nont, walk_pos, level, n_levels, blocks, counts):
             counts[y][j] for y in nont for j in range(level, n_levels)):
         return _plain_tensor_dv(tloops, cuts, nont, walk_pos, level, n_levels, blocks, counts)
     # covered[c]: total volume of the blocks t whose deepest multi-trip T-position is at or above cut c.
-    covered = np.ones(len(cuts))
+    covered, at = np.ones(len(cuts)), np.array(cuts)
     for ix in index:
-        volume = _dim_volume(ix, walk_pos, level, n_levels, blocks, np.array(cuts))
+        volume = _dim_volume(ix, walk_pos, level, n_levels, blocks, at)
         covered = _align(covered, volume.ndim) * volume
     # Each cut's gain times its own product of counts, cut by cut: stacking every level's counts
     # of each loop over the candidates, to pick one level per cut, took half this call's time in
