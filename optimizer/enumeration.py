@@ -33,6 +33,8 @@ LEAF_ROWS = 4  # register tiles per kept plan a leaf offers the top-k, once seri
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
+REMEMBERED_ROWS = 1024  # children of a level whose costing is remembered for other searches (_Search._costed)
+REMEMBERED_BYTES = 32 * 2**20  # ... until the costings remembered in a space hold this much
 GREEDY_SAMPLE = 32_768  # (order, tile) children per level the first dive of a large search costs
 GREEDY_MIN_ROWS = 64  # ... but at least this many tiles
 GREEDY_CHILDREN = 100_000  # (order, tile) children of the outermost level that make a search large
@@ -75,6 +77,8 @@ class _Search:
                     ok |= nests
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
+        # Which rows each level offers: searches that share them share their remembered costings (_costed).
+        self.signature = [hash(rows.tobytes()) for rows in self.rows]
         # What the outermost tile's per-core sweeps (objective.core_sweeps) fit, as swept gives them.
         self.core_fit = private_fit(space.objective.caches)
         self.charged: set[int] = set()  # levels whose table this search has paid for
@@ -178,26 +182,8 @@ class _Search:
             rows = rows[np.linspace(0, len(rows) - 1, sample).astype(int)]
             tile = {x: rows[:, i] for i, x in enumerate(sp.loops)}
         divisor = sp.objective.divisors[level]
-        raw = np.empty((len(orders), len(rows)))  # DV in bytes
         at_top = level == sp.n_levels - 1  # the outermost level
-        # A cache moves no more than its tile's sweeps (objective.swept).
-        fit = sp.objective.caches[level] if sp.objective.caches else None
-        cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
-        for lo in range(0, len(rows), CHUNK):  # in chunks, so the time limit is checked often
-            part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
-            classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
-            for o, order in enumerate(orders):
-                if self.deadline.expired():
-                    raise _Timeout
-                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
-                                 hardware=sp.hardware, offset=level, blocks=classes)[0]
-                raw[o, lo : lo + CHUNK] = dv
-                if fit is not None:
-                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part, fit).sweeps if at_top else
-                              grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
-                                           outer_tiles[0], fit, INNER_STEPS))
-                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
-                self.deadline.spend(sp.work(len(dv)))
+        raw, cap = self._costed(level, orders, outer_orders, outer_tiles, outer, tile)
         secs = np.minimum(raw, cap) / divisor
         if level == 0 and sp.hardware.cores > 1 and private_levels(sp.objective.caches):
             pmax, psum, plinks, plevels = self._private_floor(outer_orders, outer_tiles, plevels)
@@ -317,6 +303,50 @@ class _Search:
             ok = self.space.admits([some, *outer_tiles], None if self.relaxed else (order, *outer_orders), filtered=True)
             out[o, rows] = np.where(np.broadcast_to(ok, (len(rows),)), bound[o, rows], np.inf)
         return out
+
+    def _costed(self, level, orders, outer_orders, outer_tiles, outer, tile: dict) -> tuple[np.ndarray, np.ndarray]:
+        """Each child's DV into `level` (orders x tiles) and what the level's hardware cache moves
+        at most (objective.swept), costed in chunks so that the time limit is checked often. A
+        level of at least REMEMBERED_ROWS children is remembered along its search path: seeded's
+        passes walk the same greedy path again (12x512 attention: its capped pass ran out of work
+        there, and the relaxed pass after it costed those levels anew). A remembered costing charges
+        the work budget as the costing did, check for check, so every pass stops where it stopped."""
+        sp = self.space
+        n = len(next(iter(tile.values())))
+        chunks = [min(CHUNK, n - lo) for lo in range(0, n, CHUNK)]
+        key = None
+        if n >= REMEMBERED_ROWS:
+            key = (level, self.greedy, self.signature[level], tuple(map(tuple, outer_orders)),
+                   tuple(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
+            if key in sp.level_costs:
+                for size in chunks:
+                    for _ in orders:
+                        if self.deadline.expired():
+                            raise _Timeout
+                        self.deadline.spend(sp.work(size))
+                return sp.level_costs[key]
+        raw = np.empty((len(orders), n))  # DV in bytes
+        at_top = level == sp.n_levels - 1
+        fit = sp.objective.caches[level] if sp.objective.caches else None
+        cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
+        for lo in range(0, n, CHUNK):
+            part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
+            classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
+            for o, order in enumerate(orders):
+                if self.deadline.expired():
+                    raise _Timeout
+                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
+                                 hardware=sp.hardware, offset=level, blocks=classes)[0]
+                raw[o, lo : lo + CHUNK] = dv
+                if fit is not None:
+                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part, fit).sweeps if at_top else
+                              grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
+                                           outer_tiles[0], fit, INNER_STEPS))
+                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
+                self.deadline.spend(sp.work(len(dv)))
+        if key is not None and sum(a.nbytes + b.nbytes for a, b in sp.level_costs.values()) < REMEMBERED_BYTES:
+            sp.level_costs[key] = (raw, cap)
+        return raw, cap
 
     def _private_floor(self, outer_orders, outer_tiles, plevels):
         """The branch's (slowest, sum, overlap) of the link times of the levels outside the

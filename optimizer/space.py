@@ -176,6 +176,9 @@ class Space:
     # level -> enumerate's floor table over this space's candidate grid, which every search
     # of the space shares (the seeded passes' growing beams), since it depends on nothing else.
     floor_tables: dict = field(init=False, repr=False, default_factory=dict)
+    # enumerate's large levels costed along a search path, which the seeded passes walk again
+    # (enumeration._Search._costed)
+    level_costs: dict = field(init=False, repr=False, default_factory=dict)
     _registers: tuple = field(init=False, repr=False)  # (fitting register tiles, their register-load floor)
 
     def __post_init__(self):

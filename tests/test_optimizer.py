@@ -594,3 +594,39 @@ def test_a_polish_out_of_work_still_tries_reading_a_packed_input_in_place():
     assert done.key[0] < start.key[0]
     assert "B" not in [c[0] for c in kernel_costs(w, ZEN3, done.orders, done.tile_dicts(space.loops)).copies]
     assert done.key == rescore(space, done).key
+
+
+def test_a_search_that_walks_a_costed_path_again_replays_its_costs_and_charges_the_same_work(monkeypatch):
+    """seeded's passes over one space walk the same greedy path (12x197 attention on a calibrated
+    host: the capped pass ran out of work there, and the relaxed pass after it costed those levels
+    anew). Large levels' costings are remembered per space (_Search._costed): a second search over
+    the same path costs fewer levels, and charges the work budget check for check as the first did,
+    so a capped search stops where it stopped, and an uncapped one finds the plans a fresh space gives."""
+    from cachetile.optimizer import enumeration
+    from cachetile.optimizer.registry import TopK
+
+    calls = []
+    costed = enumeration.data_volume
+    monkeypatch.setattr(enumeration, "data_volume", lambda *a, **k: calls.append(1) or costed(*a, **k))
+    space = Space(builtin("gemm-chain", {"b": 12, "m": 197, "l": 197, "k": 64, "n": 64}), XEON)
+    seeds = space.best_register_tiles(enumeration.REGISTER_SEEDS)
+
+    def search(around, work=None):
+        found, deadline = TopK(4), Deadline(60, work)
+        s = enumeration._Search(around, deadline, found, seeds, beam=1)
+        try:
+            s.run()
+        except enumeration._Timeout:
+            pass
+        return (s.evaluated, deadline._work, [(c.orders, c.tiles, c.key) for c in found.items]), len(calls)
+
+    around, _ = enumeration._ladders(space, seeds)
+    capped, fresh_calls = search(around, 100.0)
+    assert not capped[2] and capped[1][0] <= 0  # out of work before any plan
+    calls.clear()
+    again, replayed_calls = search(around, 100.0)
+    assert again == capped and replayed_calls < fresh_calls
+    uncapped, _ = search(around)
+    calls.clear()
+    alone, _ = search(enumeration._ladders(space, seeds)[0])
+    assert uncapped == alone and uncapped[2]
