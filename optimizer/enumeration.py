@@ -33,8 +33,8 @@ LEAF_ROWS = 4  # register tiles per kept plan a leaf offers the top-k, once seri
 GRID_LIMIT = 250_000  # largest candidate grid a per-level floor table is built for
 GRID_MAX = 4_000_000  # largest candidate grid enumerate holds in memory
 CHUNK = 100_000  # candidate tiles costed per numpy call
-REMEMBERED_ROWS = 1024  # children of a level whose costing is remembered for other searches (_Search._costed)
-REMEMBERED_BYTES = 32 * 2**20  # ... until the costings remembered in a space hold this much
+REMEMBERED_ROWS = 1024  # children of an outer level whose costing is remembered for other searches (_Search._costed)
+REMEMBERED_BYTES = 32 * 2**20  # ... while the costings remembered in a space hold at most this much
 GREEDY_SAMPLE = 32_768  # (order, tile) children per level the first dive of a large search costs
 GREEDY_MIN_ROWS = 64  # ... but at least this many tiles
 GREEDY_CHILDREN = 100_000  # (order, tile) children of the outermost level that make a search large
@@ -77,8 +77,9 @@ class _Search:
                     ok |= nests
                 self.rows[j] = rows[ok]
         self.floor_tables: dict[int, np.ndarray | None] = space.floor_tables
-        # Which rows each level offers: searches that share them share their remembered costings (_costed).
-        self.signature = [hash(rows.tobytes()) for rows in self.rows]
+        # Which rows each level offers, by level as _costed asks: searches that share them share
+        # their remembered costings.
+        self.signature: dict[int, int] = {}
         # What the outermost tile's per-core sweeps (objective.core_sweeps) fit, as swept gives them.
         self.core_fit = private_fit(space.objective.caches)
         self.charged: set[int] = set()  # levels whose table this search has paid for
@@ -306,8 +307,9 @@ class _Search:
 
     def _costed(self, level, orders, outer_orders, outer_tiles, outer, tile: dict) -> tuple[np.ndarray, np.ndarray]:
         """Each child's DV into `level` (orders x tiles) and what the level's hardware cache moves
-        at most (objective.swept), costed in chunks so that the time limit is checked often. A
-        level of at least REMEMBERED_ROWS children is remembered along its search path: seeded's
+        at most (objective.swept), costed in chunks so that the time limit is checked often. One of
+        the two outermost levels with at least REMEMBERED_ROWS children is remembered along its
+        search path (few nodes, many rows each, within REMEMBERED_BYTES in all): seeded's
         passes walk the same greedy path again (12x512 attention: its capped pass ran out of work
         there, and the relaxed pass after it costed those levels anew). A remembered costing charges
         the work budget as the costing did, check for check, so every pass stops where it stopped."""
@@ -315,7 +317,9 @@ class _Search:
         n = len(next(iter(tile.values())))
         chunks = [min(CHUNK, n - lo) for lo in range(0, n, CHUNK)]
         key = None
-        if n >= REMEMBERED_ROWS:
+        if n >= REMEMBERED_ROWS and level >= sp.n_levels - 2:
+            if level not in self.signature:
+                self.signature[level] = hash(self.rows[level].tobytes())
             key = (level, self.greedy, self.signature[level], tuple(map(tuple, outer_orders)),
                    tuple(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
             if key in sp.level_costs:
@@ -344,7 +348,8 @@ class _Search:
                                            outer_tiles[0], fit, INNER_STEPS))
                     cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
                 self.deadline.spend(sp.work(len(dv)))
-        if key is not None and sum(a.nbytes + b.nbytes for a, b in sp.level_costs.values()) < REMEMBERED_BYTES:
+        held = sum(a.nbytes + b.nbytes for a, b in sp.level_costs.values())
+        if key is not None and held + raw.nbytes + cap.nbytes <= REMEMBERED_BYTES:
             sp.level_costs[key] = (raw, cap)
         return raw, cap
 
