@@ -65,6 +65,12 @@ DIVE_WORK = 80.0
 COLLAPSED_WORK = 100.0
 # pyomo solvers: the polish of each rounded relaxed solution.
 ROUND_POLISH_SECONDS = 0.2
+# pyomo solvers: the least time left in which a process that has not loaded Pyomo yet loads it.
+# An import cannot be cut short: `import pyomo.environ` took 0.4 s on the AMD EPYC Zen 4 and
+# 0.77-0.90 s on the Skylake-SP Xeon of BENCHMARKS.md, where a first pyomo-ipopt solve of gemm
+# 2^31 cubed under a 0.5 s limit returned after 1.67 s. With less than this left the solver
+# reports a timeout at once; a process that has loaded Pyomo is not held to it.
+PYOMO_LOAD_SECONDS = 1.0
 
 CAPS = ("SEED_WORK", "REGISTER_TILE_WORK", "GPU_WORK", "POLISH_WORK", "COLLAPSED_WORK", "DIVE_WORK",
         "ROUND_POLISH_SECONDS")

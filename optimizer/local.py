@@ -29,6 +29,10 @@ def repair(space: Space, tiles: list[dict[str, int]], deadline: Deadline | None 
     loops = space.loops
     tiles = [dict(t) for t in tiles]
     for j in reversed(range(space.n_levels)):
+        if deadline is not None and deadline.expired():
+            # Each level's legal tiles take a while to list where extents are huge (0.05-0.13 s
+            # per level at 2^31: a 0.5 s pyomo-ipopt solve took 1.7 s), so the clock is read here too.
+            return None
         parent = tiles[j + 1] if j + 1 < space.n_levels else space.workload.dims
         smallest = space.smallest_tiles(j)
         # Legal values of each loop, ascending; the smallest tile is always among them.

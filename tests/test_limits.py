@@ -28,6 +28,10 @@ from cachetile.optimizer.space import Space  # noqa: E402
 @pytest.mark.quiet
 @pytest.mark.parametrize("solver", sorted(SOLVERS))
 def test_every_solver_keeps_its_limit_on_extreme_extents(solver):
+    # Pyomo loaded first: its import cannot be cut short, and a process without the time left to
+    # load it reports a timeout at once (the test below); here the solvers themselves are timed.
+    import pyomo.environ  # noqa: F401
+
     # The GPU preset only where something fits (serial loops are held whole in L2).
     cases = [(kind, dims, "host") for kind, dims in EXTREMES] + [("gemm", {"m": 1, "n": E, "k": 1}, "h100"),
                                                                  ("batch-gemm", {"b": E, "m": 3, "n": E, "k": 7}, "h100")]
@@ -40,6 +44,20 @@ def test_every_solver_keeps_its_limit_on_extreme_extents(solver):
             assert "found no feasible plan within 0.5 s" in str(exc)
         took = time.perf_counter() - start
         assert took <= 0.5 + MARGIN, f"{solver} on {kind} {dims} ({hw}) took {took:.1f} s"
+
+
+@pytest.mark.parametrize("solver", ["pyomo-ipopt", "pyomo-scip"])
+def test_a_pyomo_solver_without_the_time_to_load_pyomo_reports_a_timeout_without_loading_it(solver, monkeypatch):
+    """A first pyomo-ipopt solve of gemm 2^31 cubed under a 0.5 s limit returned after 1.67 s on
+    the Skylake-SP Xeon: `import pyomo.environ` alone took 0.8-0.9 s there. With less than
+    budget.PYOMO_LOAD_SECONDS left, a process that has not loaded Pyomo does not start to."""
+    import pyomo.environ  # noqa: F401  (loaded, so that removing it below cannot break a later test)
+
+    monkeypatch.delitem(sys.modules, "pyomo.environ")  # as in a process that never loaded it
+    with pytest.raises(NoPlanInTime, match=rf"^solver '{solver}' found no feasible plan within 0.5 s "
+                                           r"\(timeout: less than 1 s left to load Pyomo\)$"):
+        tune(builtin("gemm", {"m": 64, "n": 64, "k": 64}), hardware_from(SIMD), solver, time_limit=0.5)
+    assert "pyomo.environ" not in sys.modules
 
 
 @pytest.mark.parametrize("limit", [float("nan"), float("inf"), 0, -1, "10", True, None])
