@@ -311,46 +311,44 @@ class _Search:
         the two outermost levels with at least REMEMBERED_ROWS children is remembered along its
         search path (few nodes, many rows each, within REMEMBERED_BYTES in all): seeded's
         passes walk the same greedy path again (12x512 attention: its capped pass ran out of work
-        there, and the relaxed pass after it costed those levels anew). A remembered costing charges
-        the work budget as the costing did, check for check, so every pass stops where it stopped."""
+        there, and the relaxed pass after it costed those levels anew). A remembered costing walks the
+        same chunks and orders, reading the clock and charging the work budget as the costing did,
+        so every pass stops where it stopped."""
         sp = self.space
         n = len(next(iter(tile.values())))
-        chunks = [min(CHUNK, n - lo) for lo in range(0, n, CHUNK)]
-        key = None
+        key = kept = None
         if n >= REMEMBERED_ROWS and level >= sp.n_levels - 2:
             if level not in self.signature:
                 self.signature[level] = hash(self.rows[level].tobytes())
             key = (level, self.greedy, self.signature[level], tuple(map(tuple, outer_orders)),
                    tuple(tuple(int(t[x]) for x in sp.loops) for t in outer_tiles))
-            if key in sp.level_costs:
-                for size in chunks:
-                    for _ in orders:
-                        if self.deadline.expired():
-                            raise _Timeout
-                        self.deadline.spend(sp.work(size))
-                return sp.level_costs[key]
-        raw = np.empty((len(orders), n))  # DV in bytes
+            kept = sp.level_costs.get(key)
+        raw, cap = kept or (np.empty((len(orders), n)), None)  # DV in bytes
         at_top = level == sp.n_levels - 1
         fit = sp.objective.caches[level] if sp.objective.caches else None
-        cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
+        if kept is None:
+            cap = np.broadcast_to(self._held(level, outer), raw.shape).copy()
         for lo in range(0, n, CHUNK):
             part = {x: v[lo : lo + CHUNK] for x, v in tile.items()}
-            classes = loop_classes(sp.workload, [part, *outer_tiles], 0)  # the same for every order
+            # the same for every order
+            classes = loop_classes(sp.workload, [part, *outer_tiles], 0) if kept is None else None
             for o, order in enumerate(orders):
                 if self.deadline.expired():
                     raise _Timeout
-                dv = data_volume(sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0],
-                                 hardware=sp.hardware, offset=level, blocks=classes)[0]
-                raw[o, lo : lo + CHUNK] = dv
-                if fit is not None:
-                    sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part, fit).sweeps if at_top else
-                              grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders), [part, *outer_tiles],
-                                           outer_tiles[0], fit, INNER_STEPS))
-                    cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
-                self.deadline.spend(sp.work(len(dv)))
-        held = sum(a.nbytes + b.nbytes for a, b in sp.level_costs.values())
-        if key is not None and held + raw.nbytes + cap.nbytes <= REMEMBERED_BYTES:
-            sp.level_costs[key] = (raw, cap)
+                if kept is None:
+                    raw[o, lo : lo + CHUNK] = data_volume(
+                        sp.workload, (order, *outer_orders), [part, *outer_tiles], levels=[0], hardware=sp.hardware,
+                        offset=level, blocks=classes)[0]
+                    if fit is not None:
+                        sweeps = (outermost(sp.workload, sp.hardware, sp.whole, order, part, fit).sweeps if at_top else
+                                  grown_sweeps(sp.workload, sp.hardware, level, (order, *outer_orders),
+                                               [part, *outer_tiles], outer_tiles[0], fit, INNER_STEPS))
+                        cap[o, lo : lo + CHUNK] = np.minimum(cap[o, lo : lo + CHUNK], fitting_dv(fit, sweeps))
+                self.deadline.spend(sp.work(min(CHUNK, n - lo)))
+        if key is not None and kept is None:
+            held = sum(a.nbytes + b.nbytes for a, b in sp.level_costs.values())
+            if held + raw.nbytes + cap.nbytes <= REMEMBERED_BYTES:
+                sp.level_costs[key] = (raw, cap)
         return raw, cap
 
     def _private_floor(self, outer_orders, outer_tiles, plevels):
