@@ -81,6 +81,27 @@ def test_a_gpu_admits_every_plan_whose_thread_tiles_pass_the_level_filter(name, 
             assert np.all(hw.target.admits(w, kept, 2, [order] * 3)), (name, kind)
 
 
+@pytest.mark.parametrize("name,dtype", [("h100", "float32"), ("a100", "float16")])
+def test_the_stretch_of_the_rows_the_level_filter_kept_is_their_own_launchs(name, dtype, monkeypatch):
+    """launch_stretch of exactly the rows level 0's filter kept reuses the filter's launch
+    (enumerate asks for both): the same slowdown as their launch computed afresh, with one
+    gpu.launch call, not two; rows it did not keep (here a sample) are computed afresh."""
+    hw, rng = preset(name), np.random.default_rng(7)
+    w = builtin("gemm-chain", {"b": 2, "m": 128, "k": 64, "l": 96, "n": 64}, dtype)
+    outer = [{x: min(e, 32) for x, e in w.dims.items()}, dict(w.dims)]
+    rows = {x: rng.choice([v for v in (1, 2, 4, 8, 16, 32) if v <= t], size=300) for x, t in outer[0].items()}
+    passed = np.broadcast_to(hw.target.level_filter(w, 0, [rows, *outer], 2), (300,))
+    kept = [{x: v[passed] for x, v in rows.items()}, *outer]
+    sample = [{x: v[::2] for x, v in kept[0].items()}, *outer]
+    model = hw.target.model(w)
+    fresh = [gpu.launch(w, hw, t, 2, model).slowdown(hw) for t in (kept, sample)]
+    calls = []
+    counted = gpu.launch
+    monkeypatch.setattr(gpu, "launch", lambda *a, **k: calls.append(1) or counted(*a, **k))
+    assert np.array_equal(hw.target.launch_stretch(w, kept, 2), fresh[0]) and calls == []
+    assert np.array_equal(hw.target.launch_stretch(w, sample, 2), fresh[1]) and calls == [1]
+
+
 def test_wave_quantisation_counts_the_last_wave():
     w = builtin("gemm", {"m": 128 * 133, "n": 128, "k": 64})
     tiles = [{"m": 8, "n": 8, "k": 1}, {"m": 128, "n": 128, "k": 64}, {"m": 128 * 133, "n": 128, "k": 64}]

@@ -59,6 +59,9 @@ class CudaGpu(Target):
         """Wave quantisation and too few resident warps (gpu.Launch.slowdown)."""
         if len(tiles) < 2:
             return 1.0
+        kept = _FILTERED.stretch(self.hardware, workload, tiles, stages)
+        if kept is not None:
+            return kept
         return gpu.launch(workload, self.hardware, tiles, stages, self.model(workload)).slowdown(self.hardware)
 
     def lanes(self, workload):
@@ -106,8 +109,10 @@ class CudaGpu(Target):
         """Whether the launch fits the device (threads, registers, shared memory, and the tensor
         core fragments' rules)."""
         model = self.model(workload)
-        ok = gpu.launch(workload, self.hardware, tiles, stages, model).feasible
-        return ok & model.schedulable(workload, tiles) if model.tensor_cores else ok
+        launch = gpu.launch(workload, self.hardware, tiles, stages, model)
+        ok = launch.feasible & model.schedulable(workload, tiles) if model.tensor_cores else launch.feasible
+        _FILTERED.keep(self.hardware, workload, tiles, stages, launch, ok)
+        return ok
 
     def check_stages(self, stages):
         pass
@@ -134,6 +139,47 @@ class CudaGpu(Target):
         if model.tensor_cores:
             records = model.cache_records(workload, records, tiles, stages, names)
         return records, gpu.launch_plan(workload, self.hardware, tiles, stages, model)
+
+
+def _tiles_key(tiles) -> tuple:
+    """The tiles' values, exactly (arrays by dtype, shape and bytes), for an equality check."""
+    def value(v):
+        a = np.asarray(v)
+        return a.dtype.str, a.shape, a.tobytes()
+    return tuple(tuple((x, value(v)) for x, v in tile.items()) for tile in tiles)
+
+
+class _LastFilter:
+    """The launch of the thread tiles level 0's filter kept last, for launch_stretch.
+
+    enumerate filters a level's thread tiles by their launch (launchable), then costs the
+    rows it kept, whose compute time stretches by the same launch: computed twice, that was
+    30% of a GPU search (gemm-a100-enumerate). The kept rows' stretch is taken from the
+    filter's launch when launch_stretch is asked about exactly those rows (compared by value,
+    so any other question computes afresh); the slowdown is elementwise per row, so it is the
+    same number either way. One entry, swapped whole, so concurrent searches only miss."""
+
+    def __init__(self):
+        self._entry = None
+
+    def keep(self, hardware, workload, tiles, stages, launch, ok) -> None:
+        ok = np.asarray(ok)
+        if ok.ndim != 1 or not ok.any():
+            return
+        kept = [{x: np.asarray(v)[ok] if np.ndim(v) else v for x, v in tile.items()} for tile in tiles]
+        self._entry = (hardware, workload, stages, _tiles_key(kept), launch, ok)
+
+    def stretch(self, hardware, workload, tiles, stages):
+        entry = self._entry
+        if entry is None or entry[0] is not hardware or entry[1] is not workload or entry[2] != stages:
+            return None
+        if entry[3] != _tiles_key(tiles):
+            return None
+        launch, ok = entry[4], entry[5]
+        return np.broadcast_to(launch.slowdown(hardware), ok.shape)[ok]
+
+
+_FILTERED = _LastFilter()
 
 
 def _thread_steps(workload) -> list[str]:
