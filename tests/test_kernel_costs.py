@@ -1,5 +1,6 @@
 """The kernel's own costs (models/kernel_costs.py) against the TensorIR the backend emits:
 every packing copy's bytes and every parallel region entered, counted by walking the IR."""
+import bisect
 import itertools
 import math
 import sys
@@ -1390,19 +1391,23 @@ def _row_pieces(order: str, tile: dict, dims: dict, share: dict, followed: int) 
     run when it starts where the row's last piece ended, with at most `followed` other rows read
     in between (the prefetcher's streams); the band is the most rows read in between, plus one."""
     trips = {x: share.get(x, -(-dims[x] // tile[x])) for x in "mnk"}
-    last, seen, runs, elements, band = {}, [], 0, 0, 1
+    last, pieces, runs, elements, band = {}, 0, 0, 0, 1
+    latest = []  # the piece each row was last read in, ascending: the rows read since piece p are those past p
     for index in itertools.product(*(range(trips[x]) for x in order)):
         at = dict(zip(order, index))
         for row in range(at["k"] * tile["k"], min((at["k"] + 1) * tile["k"], dims["k"])):
             start, end = at["n"] * tile["n"], min((at["n"] + 1) * tile["n"], dims["n"])
             ended, when = last.get(row, (None, None))
-            between = len(set(seen[when + 1:])) if when is not None else None
+            if when is not None:
+                between = len(latest) - bisect.bisect_right(latest, when)
+                latest.pop(bisect.bisect_left(latest, when))
             if ended == start and between <= followed:
                 band = max(band, between + 1)
             else:
                 runs += 1
-            last[row] = (end, len(seen))
-            seen.append(row)
+            last[row] = (end, pieces)
+            latest.append(pieces)
+            pieces += 1
             elements += end - start
     return elements // runs, band
 
