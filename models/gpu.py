@@ -211,12 +211,13 @@ def slowdown_floor(workload: Workload, hardware: Hardware, tile, stages: int = 1
     for op in workload.ops:
         dims = workload.tensors[op.output].dims
         points = np.minimum(points, math.prod(_f(tile[x]) for x in dims))
-    best = np.full(np.shape(blocks), np.inf)
-    for s in range(1, g.max_blocks_per_sm + 1):
+    best = np.full(np.broadcast_shapes(np.shape(blocks), np.shape(most), np.shape(points)), np.inf)
+    # Counts past the most any tile allows change nothing (an A100 allows 32 blocks per SM).
+    for s in range(1, int(min(g.max_blocks_per_sm, np.max(most, initial=0))) + 1):
         slots = g.sms * s
         waves = np.ceil(blocks / slots) * slots / np.maximum(blocks, 1)
-        threads = np.minimum.reduce(np.broadcast_arrays(
-            points, float(g.max_threads_per_block), g.max_threads_per_sm / s, g.registers_per_sm / (s * (RESERVED_REGISTERS + 3))))
+        threads = np.minimum(points, min(float(g.max_threads_per_block), g.max_threads_per_sm / s,
+                                         g.registers_per_sm / (s * (RESERVED_REGISTERS + 3))))
         warps = s * np.ceil(threads / g.warp)
         best = np.where(s <= most, np.minimum(best, waves / np.minimum(1.0, warps / MIN_WARPS_PER_SM)), best)
     return best

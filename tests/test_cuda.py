@@ -1,5 +1,6 @@
 """The GPU model and CUDA backend: launch limits, emitted schedules that compute the right
 numbers, nvcc-clean source, multi-buffered shared memory, export and the CLI."""
+import itertools
 import json
 import shutil
 import subprocess
@@ -100,6 +101,30 @@ def test_the_stretch_of_the_rows_the_level_filter_kept_is_their_own_launchs(name
     monkeypatch.setattr(gpu, "launch", lambda *a, **k: calls.append(1) or counted(*a, **k))
     assert np.array_equal(hw.target.launch_stretch(w, kept, 2), fresh[0]) and calls == []
     assert np.array_equal(hw.target.launch_stretch(w, sample, 2), fresh[1]) and calls == [1]
+
+
+@pytest.mark.parametrize("name", ["a100", "v100"])
+def test_the_slowdown_floor_of_a_block_tile_bounds_every_launch_under_it(name):
+    """gpu.slowdown_floor is enumerate's bound at the block level: no feasible launch of a thread
+    tile under a block tile runs faster than it, and a block tile whose shared memory fits no SM
+    has an infinite floor. Random block tiles (some too large for shared memory), and under each
+    every thread tile of powers of two, launched as one array."""
+    hw, rng = preset(name), np.random.default_rng(11)
+    w = builtin("gemm-chain", {"b": 12, "m": 512, "k": 64, "l": 512, "n": 64})
+    sizes = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+    blocks = {x: rng.choice([v for v in sizes if v <= e], size=200) for x, e in w.dims.items()}
+    floor = gpu.slowdown_floor(w, hw, blocks, stages=2)
+    launched = np.full(200, np.inf)
+    for x in range(200):
+        block = {d: int(v[x]) for d, v in blocks.items()}
+        rows = np.array(list(itertools.product(*[[v for v in sizes if v <= block[d]] for d in w.dims])))
+        ln = gpu.launch(w, hw, [dict(zip(w.dims, rows.T)), block, dict(w.dims)], 2)
+        slowdown = np.broadcast_to(ln.slowdown(hw), len(rows))[np.broadcast_to(ln.feasible, len(rows))]
+        launched[x] = slowdown.min(initial=np.inf)
+    assert np.all(floor <= launched)
+    assert np.isinf(floor).any() and np.isinf(launched[np.isinf(floor)]).all()
+    reached = floor[np.isfinite(launched)] == launched[np.isfinite(launched)]
+    assert np.isfinite(launched).sum() > 50 and reached.mean() > 0.3
 
 
 def test_wave_quantisation_counts_the_last_wave():
