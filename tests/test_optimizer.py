@@ -630,3 +630,36 @@ def test_a_search_that_walks_a_costed_path_again_replays_its_costs_and_charges_t
     calls.clear()
     alone, _ = search(enumeration._ladders(space, seeds)[0])
     assert uncapped == alone and uncapped[2]
+
+
+@pytest.mark.parametrize("hardware", ["a100", "xeon"])
+def test_a_levels_legal_rows_looked_up_per_value_are_the_rows_legal_one_by_one(hardware):
+    """_Search._legal asks Space.legal of each loop's candidates and looks the rows up; it must
+    keep exactly the rows legal one by one, under any parent (random rows of the level above),
+    on a GPU's rules (loops held whole above the block, tensor-core steps) and a SIMD CPU's,
+    and with seeded register rows of which one holds values no candidate has (then every row
+    is asked one by one)."""
+    from cachetile.models.hardware import preset
+    from cachetile.optimizer import enumeration
+    from cachetile.optimizer.registry import TopK
+
+    hw = preset("a100") if hardware == "a100" else XEON
+    rng = np.random.default_rng(3)
+    lookups = []
+    for w in [builtin("gemm-chain", {"b": 2, "m": 32, "l": 24, "k": 16, "n": 16}, "float16" if hardware == "a100" else "float32"),
+              builtin("gemm", {"m": 40, "n": 36, "k": 20})]:
+        space = Space(w, hw)
+        extents = np.array([w.dims[x] for x in space.loops])
+        off_grid = [max(v for v in range(1, e + 1) if v not in space.candidates[x]) if len(space.candidates[x]) < e else 1
+                    for x, e in zip(space.loops, extents)]
+        for seeds in (None, np.array([[1] * len(space.loops), off_grid])):
+            search = enumeration._Search(space, Deadline(60), TopK(1), seeds)
+            for level in range(space.n_levels):
+                rows = search.rows[level]
+                above = search.rows[level + 1] if level + 1 < space.n_levels else extents[None, :]
+                for parent in above[rng.integers(0, len(above), 5)] if len(above) else []:
+                    one_by_one = np.logical_and.reduce([space.legal(x, rows[:, i], parent[i], level)
+                                                        for i, x in enumerate(space.loops)])
+                    assert np.array_equal(search._legal(level, parent), one_by_one), (w.kind, level, parent)
+            lookups.append(search.row_index.get(0) is not None)
+    assert lookups.count(False) >= 1 and lookups.count(True) >= 2  # both ways were taken
