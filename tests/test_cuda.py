@@ -101,6 +101,9 @@ def test_the_stretch_of_the_rows_the_level_filter_kept_is_their_own_launchs(name
     monkeypatch.setattr(gpu, "launch", lambda *a, **k: calls.append(1) or counted(*a, **k))
     assert np.array_equal(hw.target.launch_stretch(w, kept, 2), fresh[0]) and calls == []
     assert np.array_equal(hw.target.launch_stretch(w, sample, 2), fresh[1]) and calls == [1]
+    # A block tile given as a one-element array broadcasts over the rows: nothing is kept.
+    single = [rows, {x: np.array([v]) for x, v in outer[0].items()}, outer[1]]
+    assert np.array_equal(hw.target.level_filter(w, 0, single, 2), passed)
 
 
 @pytest.mark.parametrize("name", ["a100", "v100"])

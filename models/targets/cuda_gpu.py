@@ -164,7 +164,9 @@ class _LastFilter:
 
     def keep(self, hardware, workload, tiles, stages, launch, ok) -> None:
         ok = np.asarray(ok)
-        if ok.ndim != 1 or not ok.any():
+        # Only rows of one length (enumerate's level 0 under scalar outer tiles): any other
+        # shape (a one-element array broadcast, say) is left to launch_stretch to compute.
+        if ok.ndim != 1 or not ok.any() or any(np.ndim(v) and np.shape(v) != ok.shape for t in tiles for v in t.values()):
             return
         kept = [{x: np.asarray(v)[ok] if np.ndim(v) else v for x, v in tile.items()} for tile in tiles]
         self._entry = (hardware, workload, stages, _tiles_key(kept), launch, ok)
