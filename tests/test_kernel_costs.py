@@ -1398,6 +1398,7 @@ def _row_pieces(order: str, tile: dict, dims: dict, share: dict, followed: int) 
         for row in range(at["k"] * tile["k"], min((at["k"] + 1) * tile["k"], dims["k"])):
             start, end = at["n"] * tile["n"], min((at["n"] + 1) * tile["n"], dims["n"])
             ended, when = last.get(row, (None, None))
+            between = None  # a row's first piece starts its run
             if when is not None:
                 between = len(latest) - bisect.bisect_right(latest, when)
                 latest.pop(bisect.bisect_left(latest, when))
