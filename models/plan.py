@@ -75,7 +75,7 @@ def make_plan(workload: Workload, hardware: Hardware, orders: Orders, tiles: Til
     check_plan(workload, orders, tiles, len(hardware.levels))
     tiles = hardware.target.emitted_tiles(workload, orders, tiles)  # the plan as its kernel runs it
     dv = [float(d) for d in data_volume(workload, orders, tiles, hardware=hardware)]
-    objective = time_objective(hardware)
+    objective = time_objective(hardware, workload)
     compute = float(compute_seconds(workload, hardware, orders, tiles, stages))
     nests = tiles_nest(workload, tiles)  # tiles that do not nest are costed, but no backend emits them
     costs = hardware.target.kernel_costs(workload, orders, tiles, stages) if nests else None

@@ -172,6 +172,8 @@ def refit(hardware: Hardware, records: list[MeasuredPlan]) -> Fit:
     read, relief = terms[:, 4 + 2 * n:4 + 3 * n], terms[:, 4 + 3 * n:]
     measured = np.log([r.measured_seconds for r in records])
     objective = time_objective(hardware)
+    # the links a record's whole problem leaves idle (objective.warm_levels) cost it nothing, whatever their bandwidth
+    dv = np.where([np.isinf(time_objective(hardware, r.workload).divisors) for r in records], 0.0, dv)
     bandwidth = np.array([lv.bandwidth_bytes_per_s for lv in hardware.levels])
 
     def residuals(theta: np.ndarray) -> np.ndarray:

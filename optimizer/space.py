@@ -184,7 +184,7 @@ class Space:
     def __post_init__(self):
         w, hw = self.workload, self.hardware
         self.target = hw.target
-        self.objective = self.objective or time_objective(hw)
+        self.objective = self.objective or time_objective(hw, w)
         self.loops = list(w.dims)
         self.candidates = {x: tile_candidates(e, self.fine and self.target.fine_candidates) for x, e in w.dims.items()}
         self.orders = order_classes(w, leading=self.target.leading_loops(w))

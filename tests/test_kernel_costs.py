@@ -393,6 +393,56 @@ def test_a_cache_moves_no_more_than_a_fitting_outer_tile_and_a_chain_adds_its_in
     assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), HOST).intermediates == 0.0
 
 
+# The Intel Xeon of BENCHMARKS.md's "Warm-L3 session" as its calibration found it (rounded):
+# a 480 MiB L3 that holds 128 MiB, filled from memory at 31.3 GB/s, the L2 from it at 58.0.
+WARM_L3 = Hardware(
+    name="xeon", peak_flops=4.6e11, cores=2, vector_bytes=64, call_seconds=5.5e-9, accumulator_bytes_per_s=1.15e12,
+    parallel_region_seconds=8.2e-7, run_start_bytes=386.0, short_run_start_bytes=207.0, copy_vector_seconds=1.3e-9,
+    copy_element_seconds=1.17e-10, fma_chains=8.5, levels=[
+        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=3.13e12),
+        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=2.36e11, ways=12),
+        Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.8e10, ways=16),
+        Level(name="L3", capacity_bytes=128 << 20, bandwidth_bytes_per_s=3.13e10, ways=16)])
+GEMV = builtin("gemm", {"m": 1, "n": 4096, "k": 4096})  # llama-7b's decode: 64 MiB of B
+GEMV_ORDERS = [["n", "k", "m"]] * 4
+
+
+def _gemv_band(rows: int) -> list[dict]:
+    """Register tiles 1x256 under L1 tiles of `rows` rows of B, each thread's 2048 columns."""
+    return [{"m": 1, "n": 256, "k": 1}, {"m": 1, "n": 256, "k": rows}, {"m": 1, "n": 2048, "k": rows},
+            {"m": 1, "n": 2048, "k": rows}]
+
+
+def test_the_memory_link_idles_while_the_last_cache_holds_the_whole_problem():
+    """objective.warm_levels: a problem the L3 holds and the L2 does not stays in the L3 from one
+    call to the next, so its memory link costs nothing; the bytes are still reported, and the
+    links inside keep their charges. Bands of 6 rows (4096 is no multiple) copy B into a padded
+    buffer: measured 1.58 ms against 0.99-1.01 for bands of 8 read in place (numpy 1.12); charged
+    at memory's rate, the copy looked 1% faster."""
+    from cachetile.models.objective import warm_levels, whole_problem
+
+    eight = make_plan(GEMV, WARM_L3, GEMV_ORDERS, _gemv_band(8))
+    last = eight.levels[-1]
+    assert last.link_seconds == 0.0 and last.expected_bytes >= GEMV.size("B") * 4
+    l2 = WARM_L3.levels[2]
+    assert eight.levels[2].link_seconds == pytest.approx(eight.levels[2].dv_bytes / l2.bandwidth_bytes_per_s, rel=0.01)
+    assert eight.levels[2].link_seconds > 0.0
+    six = make_plan(GEMV, WARM_L3, GEMV_ORDERS, _gemv_band(6))
+    assert six.levels[-1].copy_bytes >= GEMV.size("B") * 4  # B copied whole
+    assert six.predicted_seconds > 1.2 * eight.predicted_seconds
+    # An L3 that cannot hold it is filled from memory at every call.
+    small = WARM_L3.model_copy(update={"levels": [*WARM_L3.levels[:3], WARM_L3.levels[3].model_copy(
+        update={"capacity_bytes": 32 << 20})]})
+    cold = make_plan(GEMV, small, GEMV_ORDERS, _gemv_band(8))
+    assert cold.levels[-1].link_seconds > 0.0 and cold.predicted_seconds > eight.predicted_seconds
+    # A problem the L2 holds keeps every link charged (the exhaustive search's bounds need them).
+    caches = [WARM_L3.target.cache_bytes(i) for i in range(4)]
+    held = whole_problem(GEMV, WARM_L3).mu
+    assert warm_levels(held, caches) == [3]
+    assert warm_levels(caches[2], caches) == [] and warm_levels(caches[3] + 1, caches) == []
+    assert warm_levels(held, [None, None, None, None]) == []
+
+
 def test_the_outermost_cache_keeps_a_sweep_of_sliding_windows():
     """objective.outermost: a depthwise conv tiled in single output rows reloads each input row
     with every window that covers it (Accera's rule); the outermost cache, holding a sweep of
