@@ -1135,6 +1135,7 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     across the strips (its tile swept along k), so the report's time share stays at most 100%."""
     from cachetile.api.report import format_table
     from cachetile.models.costmodel import compute_seconds, data_volume, predicted_seconds
+    from cachetile.models.objective import warm_levels, whole_problem
     from cachetile.models.plan import SolverInfo, TuneResult
     from cachetile.models.traffic import expected_traffic
 
@@ -1150,7 +1151,10 @@ def test_the_plan_reports_each_levels_expected_traffic_and_charged_link_time():
     loads = [float(d) for d in data_volume(w, orders, tiles, hardware=hw)]
     assert loads[0] > 2 * plan.levels[0].dv_bytes and loads[1:] == [lp.dv_bytes for lp in plan.levels[1:]]
     charged = charged_dv(w, hw, loads, [lp.mu_bytes for lp in plan.levels], orders, tiles)
-    links = [float(c) / lv.bandwidth_bytes_per_s for c, lv in zip(charged, hw.levels)]
+    # The L3 holds the whole problem (7.5 MiB) and the L2 does not: its memory link idles (warm_levels).
+    warm = warm_levels(whole_problem(w, hw).mu, [hw.target.cache_bytes(i) for i in range(len(hw.levels))])
+    assert warm == [3]
+    links = [0.0 if i in warm else float(c) / lv.bandwidth_bytes_per_s for i, (c, lv) in enumerate(zip(charged, hw.levels))]
     assert [lp.link_seconds for lp in plan.levels] == pytest.approx(links)
     target = hw.target
     time, _ = predicted_seconds(compute_seconds(w, hw, orders, tiles), links, target.registers_share_issue,
