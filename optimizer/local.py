@@ -323,25 +323,34 @@ def _band_moves(space: Space, tiles: list[dict[str, int]], costs) -> list:
     return moved
 
 
-def collapsed(space: Space, cand: Candidate) -> Candidate | None:
-    """`cand` with every level between the register tile and the outermost collapsed onto the
-    register tile, scored; None where that is no feasible plan, or where the hardware's figures
-    were not measured (Hardware.calibrated). A second start for the polish: single moves keep
+def collapsed(space: Space, cand: Candidate) -> list[Candidate]:
+    """Starts for the polish beside the search's plans: `cand` with every level between the
+    register tile and the outermost collapsed onto the register tile, scored. Single moves keep
     each level a multiple of the one inside it, so a polish that first grows the middle levels
     cannot shrink the outermost tile below them again. On gemm 1000^3 every start the search
     returned polished to 6.60 ms predicted, this one to 6.29 (BENCHMARKS.md). It leads to plans
     that stream the inner levels from the outermost cache, which the assumed figures overrate
     (a fill of L2 from L3 2.7x the one calibration measured on the Intel Xeon): there, without a
     profile, gemm 1000^3 and ViT's MLP got plans that ran 0.49 and 0.53x numpy, against 0.89 and
-    1.10 for the plans found without this start."""
+    1.10 for the plans found without this start. So none unless the hardware's figures were
+    measured (Hardware.calibrated), and none that is no feasible plan.
+
+    Where the memory link idles (objective.warm_levels) every outermost tile costs it nothing, so
+    the search's, often the whole problem, is a weak guide: a second start takes the last cache's
+    tile as the outermost. On the Xeon whose L3 holds 128 MiB it led attention 1024 (16 heads) to
+    11.41 ms predicted against 11.73 (14.27 against 15.16 measured) and gpt-2's 1024x768x768
+    projection to 3.30 against 3.34 (3.81 against 4.17), BENCHMARKS.md "Warm-L3 session"."""
     tiles = cand.tiles
     if len(tiles) < 3 or not space.hardware.calibrated:
-        return None
-    start = Candidate(cand.orders, (tiles[0],) * (len(tiles) - 1) + (tiles[-1],), ())
-    pred, mmax, msum, ok = score(space, start.orders, start.tile_dicts(space.loops))
-    if not bool(ok) or not np.isfinite(pred):
-        return None
-    return Candidate(start.orders, start.tiles, (float(pred), float(mmax), float(msum)))
+        return []
+    tops = [tiles[-1], tiles[-2]] if np.isinf(space.objective.divisors[-1]) and tiles[-2] != tiles[-1] else [tiles[-1]]
+    starts = []
+    for top in tops:
+        start = Candidate(cand.orders, (tiles[0],) * (len(tiles) - 1) + (top,), ())
+        pred, mmax, msum, ok = score(space, start.orders, start.tile_dicts(space.loops))
+        if bool(ok) and np.isfinite(pred):
+            starts.append(Candidate(start.orders, start.tiles, (float(pred), float(mmax), float(msum))))
+    return starts
 
 
 def polish(space: Space, cand: Candidate, deadline: Deadline, rounds: int = 25) -> Candidate:

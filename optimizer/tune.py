@@ -103,11 +103,12 @@ def tune(
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     parts = _polish_parts(space, result.plans, deadline)
     again = collapsed(space, result.plans[0])
-    if again is not None:
-        parts.append((budget.COLLAPSED_WORK, lambda: [
-            (-1, rescore(space, polish(space, again, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
+    for i, cand in enumerate(again):
+        parts.append((budget.COLLAPSED_WORK, lambda i=i, cand=cand: [
+            (-1 - i, rescore(space, polish(space, cand, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
     polished = _run(parts)
-    plans = _ranked(space, [polished[i] for i in [*range(len(result.plans)), -1] if i in polished])[: top + 1]
+    order = [*range(len(result.plans)), *range(-1, -1 - len(again), -1)]
+    plans = _ranked(space, [polished[i] for i in order if i in polished])[: top + 1]
     if register_tiles:
         # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
         # which a polish of its own may trade for another's.

@@ -50,6 +50,18 @@ ZEN3 = Hardware(name="cpu", peak_flops=1.7e11, cores=2, vector_bytes=32, calibra
     {"name": "L3", "capacity_bytes": 8 << 20, "bandwidth_bytes_per_s": 3.47e10, "ways": 16}])
 
 
+# The Intel Xeon of BENCHMARKS.md's "Warm-L3 session" (Sapphire-Rapids-class) as its calibration
+# of 2026-12-01 18:35 found it, rounded: a 480 MiB L3 that holds 128 MiB, filled from memory at
+# 31.3 GB/s, the L2 from it at 58.0.
+WARM_L3 = Hardware(
+    name="xeon", peak_flops=4.6e11, cores=2, vector_bytes=64, calibrated="2026-12-01T18:35:03+00:00",
+    call_seconds=5.5e-9, accumulator_bytes_per_s=1.15e12, parallel_region_seconds=8.2e-7, run_start_bytes=386.0,
+    short_run_start_bytes=207.0, copy_vector_seconds=1.3e-9, copy_element_seconds=1.17e-10, fma_chains=8.5, levels=[
+    {"name": "registers", "capacity_bytes": 2048, "bandwidth_bytes_per_s": 3.13e12},
+    {"name": "L1", "capacity_bytes": 49152, "bandwidth_bytes_per_s": 2.36e11, "ways": 12},
+    {"name": "L2", "capacity_bytes": 2 << 20, "bandwidth_bytes_per_s": 5.8e10, "ways": 16},
+    {"name": "L3", "capacity_bytes": 128 << 20, "bandwidth_bytes_per_s": 3.13e10, "ways": 16}])
+
 def gemm_plan(dims: dict, spec: str, hardware: Hardware):
     """(workload, plan) of a gemm and a plan written as bench/plans.py reads one (`order:m,n,k`
     per level, innermost first)."""

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import XEON, ZEN3, gemm_plan
+from conftest import WARM_L3, XEON, ZEN3, gemm_plan
 from simulator import simulate_dv
 from tir_walk import block_runs, copy_moves, parallel_axes, parallel_entries
 
@@ -393,16 +393,6 @@ def test_a_cache_moves_no_more_than_a_fitting_outer_tile_and_a_chain_adds_its_in
     assert whole_problem(builtin("gemm", {"m": 8, "n": 8, "k": 8}), HOST).intermediates == 0.0
 
 
-# The Intel Xeon of BENCHMARKS.md's "Warm-L3 session" as its calibration found it (rounded):
-# a 480 MiB L3 that holds 128 MiB, filled from memory at 31.3 GB/s, the L2 from it at 58.0.
-WARM_L3 = Hardware(
-    name="xeon", peak_flops=4.6e11, cores=2, vector_bytes=64, call_seconds=5.5e-9, accumulator_bytes_per_s=1.15e12,
-    parallel_region_seconds=8.2e-7, run_start_bytes=386.0, short_run_start_bytes=207.0, copy_vector_seconds=1.3e-9,
-    copy_element_seconds=1.17e-10, fma_chains=8.5, levels=[
-        Level(name="registers", capacity_bytes=2048, bandwidth_bytes_per_s=3.13e12),
-        Level(name="L1", capacity_bytes=49152, bandwidth_bytes_per_s=2.36e11, ways=12),
-        Level(name="L2", capacity_bytes=2 << 20, bandwidth_bytes_per_s=5.8e10, ways=16),
-        Level(name="L3", capacity_bytes=128 << 20, bandwidth_bytes_per_s=3.13e10, ways=16)])
 GEMV = builtin("gemm", {"m": 1, "n": 4096, "k": 4096})  # llama-7b's decode: 64 MiB of B
 GEMV_ORDERS = [["n", "k", "m"]] * 4
 
