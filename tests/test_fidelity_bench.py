@@ -43,7 +43,7 @@ def test_each_round_times_every_group_before_the_next_round_starts():
 
 def test_a_plan_spelled_by_bench_plans_reads_back_as_the_same_plan():
     """bench/plans.py: the spelling it prints for a plan (solve_times.plan_spec) (innermost level first, m,n,k) parses back
-    to that plan's orders and tiles, with `|` as well as `/` between levels."""
+    to that plan's orders and tiles, with `|` as well as `/` between levels; a chain's too."""
     from conftest import XEON
     from plans import parse_plan
     from solve_times import plan_spec
@@ -56,6 +56,12 @@ def test_a_plan_spelled_by_bench_plans_reads_back_as_the_same_plan():
     assert plan_spec(plan, " / ") == text.replace("/", " / ")
     assert parse_plan(text.replace("/", " | ")) == parse_plan(plan_spec(plan, " / "))
     assert parse_plan(text)[1][1] == {"m": 6, "n": 64, "k": 16}
+    # A chain's tiles in its own loops' order (b,m,l,k,n), as tune prints them.
+    chain = builtin("gemm-chain", {"b": 16, "m": 1024, "l": 1024, "k": 64, "n": 64})
+    text = "bmlkn:1,14,32,1,32/blmkn:1,14,32,1,32/bmlkn:1,14,1024,64,32/bmlkn:1,1024,1024,64,64"
+    orders, tiles = parse_plan(text, "bmlkn")
+    assert tiles[2] == {"b": 1, "m": 14, "l": 1024, "k": 64, "n": 32} and orders[1] == list("blmkn")
+    assert plan_spec(make_plan(chain, XEON, orders, tiles), "/") == text
 
 
 def test_the_reload_sweeps_count_each_visit_of_a_register_tile_as_the_simulator_refills_it():
