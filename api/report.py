@@ -97,6 +97,8 @@ def format_hardware(hw: Hardware) -> str:
             lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
         if hw.band_stall:
             lines.append(f"  stall on rows read in turn, by band, of their stream: {_bands(hw.band_stall)}")
+        if hw.tall_band_stall:
+            lines.append(f"  the same under {hw.tall_rows} rows of A per vector: {_bands(hw.tall_band_stall)}")
         if hw.stride_stall:
             lines.append(f"  stall on rows read in place, by stride, of their L1 link time: {_reach(hw.stride_stall)}")
         if hw.fed_share:
@@ -143,6 +145,8 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
     if profile.band_stall:
         rows.append(("stall by band of rows", "none", "-", _bands(profile.band_stall)))
+    if profile.tall_band_stall:
+        rows.append((f"the same under {profile.tall_rows} rows of A", "as above", "-", _bands(profile.tall_band_stall)))
     if profile.stride_stall:
         rows.append(("stall by row stride", "none", "-", _reach(profile.stride_stall)))
     if profile.fed_share:

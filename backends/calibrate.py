@@ -48,7 +48,9 @@ Small TensorIR kernels, built with LLVM for this CPU and timed in this process
   rows the hardware prefetcher follows at once, the time climbs (1.08-1.27x
   from 8 to 16 rows on the AMD EPYC Zen 4 of BENCHMARKS.md, 1.9-2.2x at 32),
   and what each band takes beyond the narrowest, as a share of its time, is
-  the profile's band_stall;
+  the profile's band_stall; and the same under a decode GEMM's register tile
+  (tall_rows rows of A against two vectors of B), whose FMAs between B's
+  loads leave fewer of them in flight: its tall_band_stall;
 - the 4x4 micro-kernel reading B from L2 (a panel a quarter deeper than L1
   holds), its rows contiguous and then STRIDE_SPREADS panel widths apart,
   timed in turn on all cores: what each stride adds, as a share of the L1
@@ -427,6 +429,13 @@ def band_seconds(threads: int, bytes_per_thread: int, lanes: int, bands=BANDS, r
     return seconds
 
 
+def tall_rows(registers: int) -> int:
+    """Rows of A the second band calibration broadcasts against two vectors of B: a decode GEMM's
+    register tile (8x2 on AVX-512's 32 registers, 6x2 on AVX2's 16), leaving a register for A and
+    two for B."""
+    return max(2, min(8, (registers - 3) // 2))
+
+
 def fit_band_stall(seconds: dict[int, list[float]]) -> list[tuple[float, float]]:
     """Per band (increasing), the median time beyond the narrowest band's, as a share of it,
     never less than a narrower band's: more rows read in turn leave the prefetcher no more
@@ -703,7 +712,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
     counts = sorted({1, cores})
     private = hw.levels[-2].capacity_bytes * cores if len(hw.levels) > 2 else hw.levels[-1].capacity_bytes
     sweep_sizes = last_level_sizes(private, hw.levels[-1].capacity_bytes)
-    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 8  # and the reach's, once the sweep is done
+    steps = len(counts) * (2 + len(hw.levels)) + len(sweep_sizes) + 9  # and the reach's, once the sweep is done
     done = 0
 
     def step(message: str) -> None:
@@ -754,6 +763,9 @@ def calibrate(progress: Progress | None = None) -> Profile:
     # half the last cache on the Zen 4, 16 rows ran 1.01-1.18x the 8-row band's time, from
     # memory 1.08-1.38x).
     bands = fit_band_stall(band_seconds(cores, far // cores, lanes))
+    tall = tall_rows(registers)
+    step(f"bands of rows under {tall} rows of A on {cores} core(s)")
+    tall_bands = fit_band_stall(band_seconds(cores, far // cores, lanes, rows=tall, vectors=2))
     strides = fed = None
     if len(hw.levels) > 2:
         step(f"rows read apart from L2 on {cores} core(s)")
@@ -797,6 +809,6 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        band_stall=bands, stride_stall=strides, fed_share=fed, copy_vector_seconds=copy_vector,
+        band_stall=bands, tall_band_stall=tall_bands, tall_rows=tall, stride_stall=strides, fed_share=fed, copy_vector_seconds=copy_vector,
         copy_element_seconds=copy_element, handoff_seconds=handoff, shared_line_seconds=sharing, fma_chains=chains, notes=notes,
     )

@@ -10,7 +10,8 @@ the band what calibration measured for its rows (kernel_costs.band_stall).
 Two tables test that:
 
 1. the banded micro-kernel calibration times (backends/calibrate.band_seconds:
-   one row of A broadcast against four vectors of B, a GEMV's register tile,
+   one row of A broadcast against four vectors of B, a GEMV's register tile, or
+   the tiles `--tiles` names, such as 8,2 for a decode GEMM's 8x32 on AVX-512,
    over a B of 16 KiB rows read in bands the tile walks along); per
    working-set size (MiB, all threads), each band's time against the fastest,
    and the band_stall calibration would fit from it;
@@ -35,16 +36,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from solve_times import all_cores_host, plan_spec, table  # noqa: E402
 
 
-def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int):
+def stream_rows(sizes_mib, threads: int, lanes: int, rounds: int, tiles=((1, 4),)):
     from cachetile.backends.calibrate import BANDS, band_seconds, fit_band_stall
 
     rows = []
-    for size in sizes_mib:
-        seconds = band_seconds(threads, (size << 20) // threads, lanes, rounds=rounds)
-        medians = {band: statistics.median(v) for band, v in seconds.items()}
-        best = min(medians.values())
-        rows.append([f"{size}", *(f"{medians[b] * 1e3:.3f} ({medians[b] / best:.2f}x)" for b in BANDS),
-                     ", ".join(f"{share:.2f}" for _, share in fit_band_stall(seconds))])
+    for tile_rows, vectors in tiles:
+        for size in sizes_mib:
+            seconds = band_seconds(threads, (size << 20) // threads, lanes, rounds=rounds, rows=tile_rows, vectors=vectors)
+            medians = {band: statistics.median(v) for band, v in seconds.items()}
+            best = min(medians.values())
+            rows.append([f"{tile_rows}x{vectors}", f"{size}",
+                         *(f"{medians[b] * 1e3:.3f} ({medians[b] / best:.2f}x)" for b in BANDS),
+                         ", ".join(f"{share:.2f}" for _, share in fit_band_stall(seconds))])
     return rows
 
 
@@ -72,13 +75,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", type=int, nargs="+", default=[16, 256], help="working sets of B, MiB over all threads")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tiles", nargs="+", default=["1,4"],
+                    help="micro-kernels as ROWS,VECTORS: rows of A against vectors of B (1,4: calibration's)")
     args = ap.parse_args()
+    tiles = [tuple(map(int, t.split(","))) for t in args.tiles]
     hw, threads, lanes = all_cores_host()
     print("banded stream, ms per call (x the fastest band)\n")
     from cachetile.backends.calibrate import BANDS
 
-    print(table(["MiB", *(f"band {b}" for b in BANDS), "band_stall"],
-                stream_rows(args.sizes, threads, lanes, args.rounds)))
+    print(table(["tile", "MiB", *(f"band {b}" for b in BANDS), "band_stall"],
+                stream_rows(args.sizes, threads, lanes, args.rounds, tiles)))
     print("\nplanned decode GEMMs reading B unpacked, B's rows continued across L1 blocks\n")
     print(table(["gemm", "L1 rows", "plan", "predicted ms", "measured ms"], plan_rows(hw, args.rounds)))
 

@@ -94,6 +94,11 @@ class Hardware(BaseModel):
                           "the rows, what its stream takes beyond a contiguous one, as a share of that stream's time "
                           "(kernel_costs.band_stall: linear in the log of the rows between points); none until "
                           "calibrated: no stall")
+    tall_band_stall: BandPoints = Field(
+        None, description="CPU: band_stall as measured under tall_rows rows of A broadcast against each vector of "
+                          "the banded input (a decode GEMM's register tile); kernel_costs.band_stall interpolates "
+                          "between the two by the register tile's rows; none until calibrated: band_stall alone")
+    tall_rows: int | None = Field(None, ge=2, description="rows of A under which tall_band_stall was measured")
     stride_stall: StridePoints = Field(
         None, description="SIMD CPU: per row stride in bytes (increasing), what an FMA loop reading an input in place, "
                           "its rows that far apart, stalls for beside a contiguous read, as a share of the L1 fill "
@@ -341,6 +346,8 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
         **({"band_stall": profile.band_stall} if profile.band_stall else {}),
+        **({"tall_band_stall": profile.tall_band_stall, "tall_rows": profile.tall_rows}
+           if profile.tall_band_stall and profile.tall_rows else {}),
         **({"stride_stall": profile.stride_stall} if profile.stride_stall else {}),
         **({"fed_share": profile.fed_share} if profile.fed_share else {}),
         **({"copy_vector_seconds": profile.copy_vector_seconds} if profile.copy_vector_seconds else {}),

@@ -373,7 +373,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
             rows, piece = band_rows(workload, name, eff, padded, orders, op)
-            share = band_stall(hardware, rows) if piece and run > piece else 0.0
+            broadcast = broadcast_rows(workload, hardware, op, name, eff[0])
+            share = band_stall(hardware, rows, broadcast) if piece and run > piece else 0.0
             if share:
                 costs.bands.append((name, rows, share))
                 costs.copy_seconds += stream(size * share * reach, size)
@@ -816,10 +817,19 @@ def log_interp(points, x):
     return float(share) if np.ndim(share) == 0 else share
 
 
-def band_stall(hardware: Hardware, rows: int) -> float:
+def band_stall(hardware: Hardware, rows: int, broadcast: float = 1.0) -> float:
     """The share of an unpacked input's stream that reading it in bands of `rows` rows adds
     (Hardware.band_stall: linear in the log of the rows between the bands calibrated, the
     nearer band's outside them; none uncalibrated).
+
+    `broadcast`: what the register tile does with each vector it loads of the input, in rows of
+    the other operand it is multiplied with (a decode GEMM's 8x32 tile: 8 rows of A per vector of
+    B). More FMAs between the input's loads leave fewer of them in flight, so a row's late start
+    stalls longer: the share moves from band_stall (measured under one row, a GEMV's) towards
+    Hardware.tall_band_stall (measured under tall_rows), linear in the rows. On the Intel Xeon of
+    BENCHMARKS.md's "Warm-L3 session", the 1x4 GEMV micro-kernel's 64-row bands took 1.02x its
+    8-row time from memory, an 8x2 one's 1.68x; llama's decode 8x4096x4096 under 8x32 tiles in
+    64-row bands ran 2.96 ms against 1.51 in 16-row bands, both predicted about 1.31.
 
     The micro-kernel reads a piece of each of its L1 block's rows in turn, and the next blocks
     continue them: each row is a stream the hardware prefetcher must follow, and past the
@@ -833,7 +843,21 @@ def band_stall(hardware: Hardware, rows: int) -> float:
     points = hardware.band_stall
     if not points or rows <= 1:
         return 0.0
-    return log_interp(points, rows)
+    share = log_interp(points, rows)
+    tall, top = hardware.tall_band_stall, hardware.tall_rows
+    if tall and top and broadcast > 1:
+        share += (log_interp(tall, rows) - share) * min((broadcast - 1) / (top - 1), 1.0)
+    return share
+
+
+def broadcast_rows(workload: Workload, hardware: Hardware, op, name: str, tile: dict) -> float:
+    """What op's register tile `tile` does with each vector it loads of input `name` (band_stall's
+    `broadcast`): its extent along the output's dims the input lacks, counted in vectors along the
+    output's contiguous dim (a GEMM's B under an m x n tile: m; its A: n's vectors)."""
+    out = workload.tensors[op.output].dims
+    lanes = max((hardware.vector_bytes or workload.elem_bytes) // workload.elem_bytes, 1)
+    own = set(workload.tensors[name].dims)
+    return float(math.prod(math.ceil(tile[x] / lanes) if x == out[-1] else tile[x] for x in out if x not in own))
 
 
 def followed_rows(hardware: Hardware) -> int | None:

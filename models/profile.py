@@ -119,6 +119,10 @@ class Profile(BaseModel):
         None, description="per band of rows (increasing) that a GEMV's micro-kernel reads in turn, walking along "
                           "them, from an array twice the last cache: the time it takes beyond the narrowest band's, "
                           "as a share of that time (all cores); none in older profiles: no stall")
+    tall_band_stall: BandPoints = Field(
+        None, description="the same for a decode GEMM's micro-kernel: tall_rows rows of A broadcast against two "
+                          "vectors of B; none in older profiles: band_stall for every register tile")
+    tall_rows: int | None = Field(None, ge=2, description="rows of A under which tall_band_stall was measured")
     stride_stall: StridePoints = Field(
         None, description="per row stride in bytes (increasing), the time an FMA loop reading its vector input's "
                           "rows that far apart from L2 adds over reading them contiguous, as a share of the L1 fill "

@@ -11,7 +11,7 @@ from cachetile.api.report import format_hardware
 from cachetile.backends.calibrate import (BANDS, LOADS, STRIDE_SPREADS, fed_tiles, fit_accumulators, fit_last_level,
                                           fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
                                           fit_fma_chains, last_level_sizes, peak_tiles, reach_sizes, scaling,
-                                          settle_all_cores)
+                                          settle_all_cores, tall_rows)
 from cachetile.models.errors import InvalidInput
 from cachetile.models.hardware import host, host_key, on_cores
 from cachetile.models.profile import Figure, Profile, load_profile, save_profile
@@ -30,6 +30,7 @@ def _profile(key: str) -> Profile:
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
                    run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
+                   tall_band_stall=[(8.0, 0.0), (32.0, 0.6), (64.0, 1.5)], tall_rows=8,
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
                    copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, shared_line_seconds=3e-8,
                    fed_share=[(1.0, 0.8), (2.0, 1.0), (4.0, 1.0)], fma_chains=9.5)
@@ -52,6 +53,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
     assert (hw.band_stall, assumed.band_stall) == ([(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)], None)
     assert "stall on rows read in turn, by band, of their stream: 8 rows 0%, 16 rows 20%, 32 rows 90%" in format_hardware(hw)
+    assert (hw.tall_band_stall, hw.tall_rows, assumed.tall_band_stall) == ([(8.0, 0.0), (32.0, 0.6), (64.0, 1.5)], 8, None)
+    assert "the same under 8 rows of A per vector: 8 rows 0%, 32 rows 60%, 64 rows 150%" in format_hardware(hw)
     assert (hw.stride_stall, assumed.stride_stall) == ([(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)], None)
     assert "by stride, of their L1 link time: 256 B 0%, 1 KiB 5%, 3 KiB 25%" in format_hardware(hw)
     assert (hw.copy_vector_seconds, hw.copy_element_seconds) == (1.2e-9, 3e-10)
@@ -317,6 +320,10 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert all(np.isfinite(v) and v >= 0 for v in starts)
     bands, stalls = zip(*profile.band_stall)
     assert bands == tuple(map(float, BANDS)) and stalls[0] == 0.0 and list(stalls) == sorted(stalls)
+    bands, stalls = zip(*profile.tall_band_stall)
+    assert bands == tuple(map(float, BANDS)) and stalls[0] == 0.0 and list(stalls) == sorted(stalls)
+    assumed = host(calibrated=False)
+    assert profile.tall_rows == tall_rows(assumed.levels[0].capacity_bytes // assumed.vector_bytes)
     sysfs = host(calibrated=False).levels[-1].capacity_bytes
     assert profile.last_level_bytes is None or 0 < profile.last_level_bytes < sysfs
     sizes, shares = zip(*profile.run_start_reach)
@@ -348,6 +355,12 @@ def test_calibrate_from_the_command_line(tmp_path):
     bad = subprocess.run([*tune, "hardware", "h100", "--calibrate"], capture_output=True, text=True, env=env, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip() == (
         "tune: error: --calibrate measures this machine: use `tune hardware host --calibrate` (got 'h100')")
+
+
+def test_the_tall_band_calibration_fills_the_registers_a_decode_tile_of_two_vectors_leaves():
+    """8 rows of A against two vectors of B on AVX-512's 32 registers (16 accumulators, one for A,
+    two for B, as the decode GEMMs' 8x32 tiles), 6 on AVX2's 16, never under 2."""
+    assert [tall_rows(r) for r in (32, 16, 8, 4)] == [8, 6, 2, 2]
 
 
 def test_the_band_stall_is_each_bands_time_beyond_the_narrowest_never_falling():

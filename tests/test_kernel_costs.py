@@ -1014,6 +1014,57 @@ def test_a_band_of_rows_read_in_turn_stalls_its_stream_by_the_calibrated_share()
     assert visits.runs == [("B", 512 * 1024 / 256, 256)] and visits.bands == []
 
 
+def test_a_band_under_a_tall_register_tile_stalls_as_calibrated_under_tall_rows():
+    """band_stall moves from the one-row curve to the tall one with the rows of A the register
+    tile broadcasts against each vector of the banded input (broadcast_rows: a GEMM's B under an
+    8x32 tile, 8; its A, n's vectors, 2), linear in them and no further than tall_rows; without a
+    tall curve, the one-row curve whatever the tile."""
+    from cachetile.models.kernel_costs import band_stall, broadcast_rows
+
+    flat = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.1)]})
+    tall = flat.model_copy(update={"tall_band_stall": [(8.0, 0.0), (64.0, 0.9)], "tall_rows": 8})
+    assert [band_stall(tall, 64, b) for b in (1, 8, 4.5, 16)] == pytest.approx([0.1, 0.9, 0.5, 0.9])
+    assert band_stall(tall, 32, 8) == pytest.approx(0.9 * math.log(4) / math.log(8))
+    assert [band_stall(flat, 64, b) for b in (1, 8)] == pytest.approx([0.1, 0.1])
+    gemm = builtin("gemm", {"m": 8, "n": 4096, "k": 4096})
+    tile = {"m": 8, "n": 32, "k": 1}
+    assert [broadcast_rows(gemm, XEON, gemm.ops[0], x, tile) for x in ("B", "A")] == [8.0, 2.0]
+
+
+def test_a_decode_gemm_under_8x32_tiles_reads_its_weights_in_bands_the_tall_stall_allows():
+    """llama's decode 8x4096x4096 on the Warm-L3 Xeon with its calibrated band stalls and run
+    starts' reach (its 8x2 micro-kernel's 64-row bands 0.75-0.84 of the stream, 16 rows none): 8x32 tiles reading B in
+    place in 64-row bands ran 2.96 ms and in 16-row bands 1.51, both predicted about 1.31 with
+    the one-row curve alone. With the tall curve the 64-row plan is predicted well above the
+    16-row one, and tune's plan reads B in bands of at most 32 rows, predicted no slower."""
+    from cachetile.models.caches import effective_tiles
+    from cachetile.models.kernel_costs import band_rows
+
+    hw = WARM_L3.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 0.05), (64.0, 0.06), (256.0, 0.25)],
+                                    "run_start_reach": [(4 << 20, 0.0), (16 << 20, 0.46), (64 << 20, 0.87),
+                                                        (256 << 20, 1.0)]})
+    tall = hw.model_copy(update={"tall_band_stall": [(8.0, 0.0), (16.0, 0.0), (32.0, 0.24), (64.0, 0.79),
+                                                     (128.0, 1.45), (256.0, 1.9)], "tall_rows": 8})
+    gemm = builtin("gemm", {"m": 8, "n": 4096, "k": 4096})
+    orders = [list("mnk")] * 4
+
+    def band(rows: int) -> list[dict]:
+        return [{"m": 8, "n": 32, "k": 1}, {"m": 8, "n": 32, "k": rows}, {"m": 8, "n": 32, "k": rows},
+                {"m": 8, "n": 2048, "k": rows}]
+
+    wide, narrow = (make_plan(gemm, tall, orders, band(rows)).predicted_seconds for rows in (64, 16))
+    assert wide > 1.3 * narrow
+    flat = [make_plan(gemm, hw, orders, band(rows)).predicted_seconds for rows in (64, 16)]
+    assert flat[0] < 1.05 * flat[1]
+
+    def rows_in_turn(plan) -> int:
+        orders, tiles = [lv.order for lv in plan.levels], [dict(lv.tile) for lv in plan.levels]
+        padded, eff = effective_tiles(gemm, tiles)
+        return band_rows(gemm, "B", eff, padded, orders, gemm.ops[0])[0]
+
+    plan = tune(gemm, tall, top=0).plan
+    assert rows_in_turn(plan) <= 32 and plan.predicted_seconds <= narrow * (1 + 1e-9)
+
 def test_polish_narrows_a_band_the_prefetcher_cannot_follow():
     """A decode GEMM whose B (64 MiB, past the last cache) is read unpacked: on hardware whose
     bands stall from 64 rows on (the prefetcher follows 32), the plan's L1 block of B takes at
