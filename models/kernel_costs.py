@@ -16,7 +16,8 @@ The LLVM backend's kernel (backends/llvm_emit.py) runs, besides its FMA loops:
   run's start costs the stream more (`run_start`: calibrated from memory on
   128-byte and 1 KiB runs, interpolated between; 430-970 bytes per 1 KiB run on
   both cores of the Zen 5 EPYC of BENCHMARKS.md as its memory's speed changed),
-  a share of that growing with the input's size (`run_start_reach`); and
+  a share of that growing with the input's size (`run_start_reach`), on
+  every pass the plan makes over the input (`input_passes`); and
   when the L1 block reads a piece of more rows in turn than the hardware
   prefetcher follows at once, though the next blocks continue them, the
   stream takes a share longer (`band_stall`: calibrated per band of rows);
@@ -369,7 +370,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             if not reach:
                 continue
             run = contiguous_run(workload, orders, op, name, eff, padded, parallel.get(op.name, (None,))[0], cores)
-            runs = workload.size(name) / run
+            passes = input_passes(workload, hardware, orders, tiles, name, size)
+            runs = workload.size(name) / run * passes
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
             rows, piece = band_rows(workload, name, eff, padded, orders, op)
@@ -377,7 +379,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             share = band_stall(hardware, rows, broadcast) if piece and run > piece else 0.0
             if share:
                 costs.bands.append((name, rows, share))
-                costs.copy_seconds += stream(size * share * reach, size)
+                costs.copy_seconds += stream(size * passes * share * reach, size)
     strided = strided_inputs(workload, hardware, orders, tiles, eff, padded, copied, parallel)
     weight = compute_weight(workload, hardware, orders, tiles) if strided else 0.0
     for name, stride, nbytes, share in strided:
@@ -848,6 +850,18 @@ def band_stall(hardware: Hardware, rows: int, broadcast: float = 1.0) -> float:
     if tall and top and broadcast > 1:
         share += (log_interp(tall, rows) - share) * min((broadcast - 1) / (top - 1), 1.0)
     return share
+
+
+def input_passes(workload: Workload, hardware: Hardware, orders, tiles, name: str, nbytes: float) -> float:
+    """How many times the plan streams unpacked input `name` (`nbytes`) over the link that
+    stream_level gives it: its DV into that level over its size, at least 1. Each pass pays its
+    runs' starts and its bands' stall again: llama's prefill 128x4096x4096 reading B in place
+    under 13-row L2 blocks streams B ten times, and ran 21.9 ms against 17.6 for a plan packing
+    B, both predicted about 15.3 with B's runs and bands charged once (Intel Xeon, BENCHMARKS.md
+    "Warm-L3 session")."""
+    level = stream_level(hardware, nbytes)
+    dv = data_volume(workload, orders, tiles, levels=[level], hardware=hardware, only=[name], weighted=False)[0]
+    return max(float(dv) / nbytes, 1.0)
 
 
 def broadcast_rows(workload: Workload, hardware: Hardware, op, name: str, tile: dict) -> float:

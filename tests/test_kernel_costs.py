@@ -1065,6 +1065,32 @@ def test_a_decode_gemm_under_8x32_tiles_reads_its_weights_in_bands_the_tall_stal
     plan = tune(gemm, tall, top=0).plan
     assert rows_in_turn(plan) <= 32 and plan.predicted_seconds <= narrow * (1 + 1e-9)
 
+def test_an_input_read_in_place_pays_its_runs_and_bands_once_per_pass_over_it():
+    """llama's prefill 128x4096x4096 reading B in place under 13-row L2 blocks (m outermost above
+    them) streams all of B once per block of rows: ceil(128 / 13) = 10 passes, each paying its
+    runs' starts and its 32-row bands' stall again. The decode GEMM's 8 rows are one block: one
+    pass. Checked against the plans' row blocks and the stall's share of B's stream."""
+    from cachetile.models.kernel_costs import band_stall, input_passes, kernel_costs, run_start_reach, stream_level
+
+    hw = WARM_L3.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.3)],
+                                    "run_start_reach": [(4 << 20, 0.0), (64 << 20, 0.8), (256 << 20, 1.0)]})
+    size = 4096 * 4096 * 4
+    for dims, spec, passes in [({"m": 128, "n": 4096, "k": 4096}, "mnk:13,32,1/nmk:13,32,1/mnk:13,4096,32/mnk:128,4096,2048", 10),
+                               ({"m": 8, "n": 4096, "k": 4096}, "mnk:8,32,1/mnk:8,32,32/mnk:8,2048,32/mnk:8,2048,32", 1)]:
+        w, plan = gemm_plan(dims, spec, hw)
+        orders, tiles = [lv.order for lv in plan.levels], [dict(lv.tile) for lv in plan.levels]
+        assert input_passes(w, hw, orders, tiles, "B", size) == pytest.approx(passes)
+        costs = kernel_costs(w, hw, orders, tiles)
+        (name, runs, run), = costs.runs
+        assert runs == pytest.approx(passes * 4096 * 4096 / run)
+        calm = kernel_costs(w, hw.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.0)]}), orders, tiles)
+        share = band_stall(hw, 32, 8.0)
+        assert costs.bands == [("B", 32, pytest.approx(share))]
+        bandwidth = hw.levels[stream_level(hw, size)].bandwidth_bytes_per_s
+        # (A's small copy pays a band stall of its own as well: within 0.1%)
+        assert costs.seconds - calm.seconds == pytest.approx(size * passes * share * run_start_reach(hw, size) / bandwidth,
+                                                             rel=1e-3)
+
 def test_polish_narrows_a_band_the_prefetcher_cannot_follow():
     """A decode GEMM whose B (64 MiB, past the last cache) is read unpacked: on hardware whose
     bands stall from 64 rows on (the prefetcher follows 32), the plan's L1 block of B takes at
