@@ -56,6 +56,13 @@ POLISH_WORK = 400.0
 # on a machine with two cores or more (optimizer/forked.py); where the search hands on one register
 # tile's plans, the second start costs nothing.
 POLISH_STARTS = 2
+# tune: the search hands on at least this many plans, whatever `top` asks for, so that the plan
+# returned does not depend on how many alternatives the caller wants (the CLI's default top 3
+# or a script's top 0). The search and its polishes are heuristic, so more plans handed on is not
+# always better: on the Intel Xeon of BENCHMARKS.md's "Warm-L3 session" gpt-2's decode 16x3072x768
+# got 0.401 ms predicted with top 0 (ran 0.555) and 0.339 with top 3 (ran 0.412), while on the
+# Zen 3 fixture gemm 1000^3 got 24.6 with top 0 and 25.1 with top 3. Either way, one answer.
+SEARCH_PLANS = 4
 # enumeration.seeded: the greedy dive around the best register tile alone, when the joint passes
 # built their best plan on another. It took 35-60 units on the gemms of bench/shapes.py.
 DIVE_WORK = 80.0

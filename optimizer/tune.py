@@ -93,7 +93,7 @@ def tune(
     target.check_stages(stages)
     space = Space(workload, hardware, stages=stages, objective=objective)
     check_capacities(space)
-    result: SolveResult = SOLVERS[solver](space, deadline, top + 1)
+    result: SolveResult = SOLVERS[solver](space, deadline, max(top + 1, budget.SEARCH_PLANS))
     if not result.plans:
         if result.status == "infeasible":
             raise Infeasible(result.message or "no tiling fits the level capacities")
