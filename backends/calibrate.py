@@ -809,6 +809,7 @@ def calibrate(progress: Progress | None = None) -> Profile:
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
         run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
-        band_stall=bands, tall_band_stall=tall_bands, tall_rows=tall, stride_stall=strides, fed_share=fed, copy_vector_seconds=copy_vector,
+        band_stall=bands, tall_band_stall=tall_bands, tall_rows=tall, stride_stall=strides, fed_share=fed,
+        copy_vector_seconds=copy_vector,
         copy_element_seconds=copy_element, handoff_seconds=handoff, shared_line_seconds=sharing, fma_chains=chains, notes=notes,
     )

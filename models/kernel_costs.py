@@ -375,8 +375,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             costs.runs.append((name, runs, run))
             costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
             rows, piece = band_rows(workload, name, eff, padded, orders, op)
-            broadcast = broadcast_rows(workload, hardware, op, name, eff[0])
-            share = band_stall(hardware, rows, broadcast) if piece and run > piece else 0.0
+            share = (band_stall(hardware, rows, broadcast_rows(workload, hardware, op, name, eff[0]))
+                     if piece and run > piece else 0.0)
             if share:
                 costs.bands.append((name, rows, share))
                 costs.copy_seconds += stream(size * passes * share * reach, size)
@@ -869,7 +869,7 @@ def broadcast_rows(workload: Workload, hardware: Hardware, op, name: str, tile: 
     `broadcast`): its extent along the output's dims the input lacks, counted in vectors along the
     output's contiguous dim (a GEMM's B under an m x n tile: m; its A: n's vectors)."""
     out = workload.tensors[op.output].dims
-    lanes = max((hardware.vector_bytes or workload.elem_bytes) // workload.elem_bytes, 1)
+    lanes = hardware.target.vector_lanes(workload)
     own = set(workload.tensors[name].dims)
     return float(math.prod(math.ceil(tile[x] / lanes) if x == out[-1] else tile[x] for x in out if x not in own))
 

@@ -102,13 +102,12 @@ def tune(
         why = f"{result.status}: {result.message}" if result.message else result.status
         raise NoPlanInTime(f"solver {solver!r} found no feasible plan within {time_limit:g} s ({why})")
     parts = _polish_parts(space, result.plans, deadline)
-    again = collapsed(space, result.plans[0])
-    for i, cand in enumerate(again):
+    # The collapsed starts are numbered after the search's plans, so that ties keep that order.
+    for i, cand in enumerate(collapsed(space, result.plans[0]), start=len(result.plans)):
         parts.append((budget.COLLAPSED_WORK, lambda i=i, cand=cand: [
-            (-1 - i, rescore(space, polish(space, cand, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
+            (i, rescore(space, polish(space, cand, Deadline(deadline.left(), budget.COLLAPSED_WORK))))]))
     polished = _run(parts)
-    order = [*range(len(result.plans)), *range(-1, -1 - len(again), -1)]
-    plans = _ranked(space, [polished[i] for i in order if i in polished])[: top + 1]
+    plans = _ranked(space, [polished[i] for i in sorted(polished)])[: top + 1]
     if register_tiles:
         # One budget for them all, as before POLISH_STARTS: each is there for its register tile,
         # which a polish of its own may trade for another's.

@@ -62,6 +62,7 @@ WARM_L3 = Hardware(
     {"name": "L2", "capacity_bytes": 2 << 20, "bandwidth_bytes_per_s": 5.8e10, "ways": 16},
     {"name": "L3", "capacity_bytes": 128 << 20, "bandwidth_bytes_per_s": 3.13e10, "ways": 16}])
 
+
 def gemm_plan(dims: dict, spec: str, hardware: Hardware):
     """(workload, plan) of a gemm and a plan written as bench/plans.py reads one (`order:m,n,k`
     per level, innermost first)."""

@@ -486,7 +486,6 @@ def test_tune_polishes_again_from_the_best_plan_with_its_middle_levels_collapsed
                                                                     [lp.tile for lp in result.plan.levels]).predicted_seconds)
 
 
-
 def test_where_the_memory_link_idles_a_second_collapsed_start_takes_the_last_caches_tile_outermost():
     """BERT's attention (12 heads x 384 tokens, head 64) on the Warm-L3 Xeon, whose L3 holds the
     whole problem: the memory link idles (objective.warm_levels), so every outermost tile costs it
@@ -525,6 +524,7 @@ def test_the_plan_tune_returns_does_not_depend_on_how_many_alternatives_are_aske
     w = builtin("gemm", {"m": 1000, "n": 1000, "k": 1000})
     plans = [tune(w, ZEN3, top=top) for top in (0, 3)]
     assert plans[0].plan == plans[1].plan and len(plans[1].alternatives) == 3 and plans[0].alternatives == []
+
 
 def _two_cores():
     from cachetile.optimizer import forked
