@@ -94,7 +94,9 @@ def format_hardware(hw: Hardware) -> str:
                      + (f" ({_bytes(hw.short_run_start_bytes)} for {SHORT_RUN_BYTES}-byte runs)"
                         if hw.short_run_start_bytes is not None else ""))
         if hw.run_start_reach:
-            lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}")
+            lines.append(f"  share of a run start paid by inputs of {_reach(hw.run_start_reach)}"
+                         + (f" ({SHORT_RUN_BYTES}-byte runs: {_reach(hw.short_run_start_reach)})"
+                            if hw.short_run_start_reach else ""))
         if hw.band_stall:
             lines.append(f"  stall on rows read in turn, by band, of their stream: {_bands(hw.band_stall)}")
         if hw.tall_band_stall:
@@ -142,7 +144,10 @@ def format_calibration(profile: Profile, assumed: Hardware, path: str) -> str:
         last = assumed.levels[-1]
         rows.append((f"{last.name} size", f"{_bytes(last.capacity_bytes)} (sysfs)", "-", _bytes(profile.last_level_bytes)))
     if profile.run_start_reach:
-        rows.append(("run start share by size", "none within the last cache", "-", _reach(profile.run_start_reach)))
+        rows.append(("run start share by size" + (f" ({RUN_BYTES} B runs)" if profile.short_run_start_reach else ""),
+                     "none within the last cache", "-", _reach(profile.run_start_reach)))
+    if profile.short_run_start_reach:
+        rows.append((f"the same, {SHORT_RUN_BYTES} B runs", "as above", "-", _reach(profile.short_run_start_reach)))
     if profile.band_stall:
         rows.append(("stall by band of rows", "none", "-", _bands(profile.band_stall)))
     if profile.tall_band_stall:

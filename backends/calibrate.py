@@ -682,12 +682,13 @@ def reach_sizes(private_bytes: int, memory_bytes: int) -> list[int]:
 
 
 def fit_reach(private_bytes: int, memory_bytes: int, sweep: dict[int, dict[int, list[float]]],
-              memory: dict[int, list[float]]) -> list[tuple[float, float]]:
+              memory: dict[int, list[float]], runs=None) -> list[tuple[float, float]]:
     """Hardware.run_start_reach from run_start_ratios over the working sets of `sweep` and from
-    memory: per size, the mean over run lengths of what its runs add to the stream over what
-    they add from memory; none within the private caches, all of it from memory. Never less
-    than at a smaller size: noise aside, a larger array strides over more pages."""
-    far = {run: statistics.median(ratios) - 1.0 for run, ratios in memory.items()}
+    memory: per size, the mean over the run lengths `runs` (all those timed from memory when
+    None) of what its runs add to the stream over what they add from memory; none within the
+    private caches, all of it from memory. Never less than at a smaller size: noise aside, a
+    larger array strides over more pages."""
+    far = {run: statistics.median(ratios) - 1.0 for run, ratios in memory.items() if runs is None or run in runs}
     points, share = [(float(private_bytes), 0.0)], 0.0
     for size in sorted(sweep):
         shares = [(statistics.median(sweep[size][run]) - 1.0) / far[run] for run in far if far[run] > 0]
@@ -808,7 +809,8 @@ def calibrate(progress: Progress | None = None) -> Profile:
         accumulator_bandwidth=figure(accumulators),
         stream_bandwidth=streams, fill_bandwidth=fill, parallel_region_seconds=region, call_seconds=call,
         run_start_bytes=figure(run_start), short_run_start_bytes=figure(short_run_start),
-        run_start_reach=fit_reach(private, far, sweep, memory_ratios), last_level_bytes=last_level,
+        run_start_reach=fit_reach(private, far, sweep, memory_ratios, (RUN_BYTES,)),
+        short_run_start_reach=fit_reach(private, far, sweep, memory_ratios, (SHORT_RUN_BYTES,)), last_level_bytes=last_level,
         band_stall=bands, tall_band_stall=tall_bands, tall_rows=tall, stride_stall=strides, fed_share=fed,
         copy_vector_seconds=copy_vector,
         copy_element_seconds=copy_element, handoff_seconds=handoff, shared_line_seconds=sharing, fma_chains=chains, notes=notes,

@@ -12,7 +12,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .errors import InvalidInput, one_line_errors
-from .profile import BandPoints, FedPoints, Profile, ReachPoints, StridePoints, load_profile, machine_key, profile_path
+from .profile import (BandPoints, FedPoints, Profile, ReachPoints, ShortReachPoints, StridePoints, load_profile, machine_key,
+                      profile_path)
 from .workload import Dtype
 
 
@@ -89,6 +90,10 @@ class Hardware(BaseModel):
         None, description="CPU: per input size in bytes (increasing), the share of the run start figures its runs pay, "
                           "linear in the log of the size between points and the nearer point's outside them; none "
                           "until calibrated: all of them beyond the outermost level, none within")
+    short_run_start_reach: ShortReachPoints = Field(
+        None, description="CPU: the same for runs of SHORT_RUN_BYTES, run_start_reach then being that of runs of "
+                          "RUN_BYTES (kernel_costs.run_start_reach interpolates between the two by the run's length); "
+                          "none until calibrated, or in older profiles: run_start_reach for every run")
     band_stall: BandPoints = Field(
         None, description="CPU: per band of rows (increasing) an unpacked input is read in, each row in turn along "
                           "the rows, what its stream takes beyond a contiguous one, as a share of that stream's time "
@@ -345,6 +350,7 @@ def apply_profile(hardware: Hardware, profile: Profile, one_core: bool = False) 
         **({"run_start_bytes": figure(profile.run_start_bytes)} if profile.run_start_bytes else {}),
         **({"short_run_start_bytes": figure(profile.short_run_start_bytes)} if profile.short_run_start_bytes else {}),
         **({"run_start_reach": profile.run_start_reach} if profile.run_start_reach else {}),
+        **({"short_run_start_reach": profile.short_run_start_reach} if profile.short_run_start_reach else {}),
         **({"band_stall": profile.band_stall} if profile.band_stall else {}),
         **({"tall_band_stall": profile.tall_band_stall, "tall_rows": profile.tall_rows}
            if profile.tall_band_stall and profile.tall_rows else {}),

@@ -320,7 +320,8 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             if paid:
                 runs, share = once / (run * elem), band_stall(hardware, rows)
                 costs.copy_runs.append((site.tensor, runs, run, rows, share))
-                streamed += stream((runs * run_start(hardware, run * elem) + once * share) * paid, None, shared, level=home)
+                streamed += stream(runs * run_start_paid(hardware, run * elem, source) + once * share * paid, None, shared,
+                                   level=home)
             streamed += stream(nbytes - once, None, shared, level=max(keeping_level(hardware, reach, True) - 1, min(home, 1)))
             relieved(costs, hardware, site.tensor, nbytes, block * elem, before, spared)
         streamed += stream(nbytes, block * elem, shared)
@@ -373,7 +374,7 @@ def kernel_costs(workload: Workload, hardware: Hardware, orders, tiles) -> Kerne
             passes = input_passes(workload, hardware, orders, tiles, name, size)
             runs = workload.size(name) / run * passes
             costs.runs.append((name, runs, run))
-            costs.copy_seconds += stream(runs * run_start(hardware, run * elem) * reach, size)
+            costs.copy_seconds += stream(runs * run_start_paid(hardware, run * elem, size), size)
             rows, piece = band_rows(workload, name, eff, padded, orders, op)
             share = (band_stall(hardware, rows, broadcast_rows(workload, hardware, op, name, eff[0]))
                      if piece and run > piece else 0.0)
@@ -790,22 +791,47 @@ def run_start(hardware: Hardware, run_bytes: float) -> float:
     long, short = hardware.run_start_bytes, hardware.short_run_start_bytes
     if short is None:
         return min(long, run_bytes)
+    return _by_run(run_bytes, short, long)
+
+
+def _by_run(run_bytes: float, short: float, long: float) -> float:
+    """A figure for runs of `run_bytes`, from its figures for SHORT_RUN_BYTES and RUN_BYTES: the
+    nearer one's outside them, linear in the run's length between them."""
     along = min(max((run_bytes - SHORT_RUN_BYTES) / (RUN_BYTES - SHORT_RUN_BYTES), 0.0), 1.0)
     return short + along * (long - short)
 
 
-def run_start_reach(hardware: Hardware, nbytes: float) -> float:
+def run_start_reach(hardware: Hardware, nbytes: float, run_bytes: float | None = None) -> float:
     """The share of a run start (run_start) that the runs of an `nbytes` input pay: calibrated
-    per working-set size (Hardware.run_start_reach), linear in the log of the size between the
-    sizes measured; without that, all of it beyond the outermost level and none within.
+    per working-set size (Hardware.run_start_reach, on runs of RUN_BYTES), linear in the log of
+    the size between the sizes measured; without that, all of it beyond the outermost level and
+    none within. Runs of `run_bytes` at most SHORT_RUN_BYTES take Hardware.short_run_start_reach
+    where it was calibrated, the shares for lengths between the two figures' interpolated (as
+    run_start interpolates the figures); without `run_bytes`, the mean of the two shares (what a
+    band's stall scales with).
 
     Runs cost more the larger the array they stride through, well before it leaves the last
     cache, as pages and rows outgrow what the TLB and the prefetchers track: on the Intel Xeon
     of BENCHMARKS.md (2 cores, 2 MiB L2 each), 128-byte runs streamed at 1/1.22, 1/1.51,
     1/1.76, 1/2.40 and 1/2.69 of the contiguous rate over 8, 16, 32, 64 and 960 MiB, and
     1 KiB runs at 1/1.10, 1/1.24, 1/1.41, 1/1.35 and 1/1.59, though the L3 streamed 59 GB/s
-    contiguous up to 96 MiB and 32 GB/s at 256 MiB."""
-    points = hardware.run_start_reach
+    contiguous up to 96 MiB and 32 GB/s at 256 MiB. Short runs reach their memory figure later
+    than long ones: on the same Xeon in the "Reach session", 128-byte runs over 16 MiB added
+    0.54 of the contiguous time against 1.48 from memory (a share of 0.36), 1 KiB runs 0.24
+    against 0.38 (0.63); one share for both, their mean, charged llama's decode 8x4096x1024
+    reading B in 128-byte runs 0.85 ms where it ran 0.51."""
+    long = _reach(hardware.run_start_reach, hardware, nbytes)
+    short = _reach(hardware.short_run_start_reach, hardware, nbytes) if hardware.short_run_start_reach else long
+    return (long + short) / 2 if run_bytes is None else _by_run(run_bytes, short, long)
+
+
+def run_start_paid(hardware: Hardware, run_bytes: float, nbytes: float) -> float:
+    """Bytes of stream one `run_bytes` run's start costs an `nbytes` input: its run start at its
+    share for that size and run length."""
+    return run_start(hardware, run_bytes) * run_start_reach(hardware, nbytes, run_bytes)
+
+
+def _reach(points, hardware: Hardware, nbytes: float) -> float:
     if not points:
         return 1.0 if nbytes > hardware.levels[-1].capacity_bytes else 0.0
     return log_interp(points, nbytes)

@@ -49,6 +49,8 @@ def _points(field: str, what: str, top: float, shares: str):
 # the model through apply_profile's model_copy, which validates nothing.
 # kernel_costs.run_start_reach: per input size
 ReachPoints = Annotated[list[tuple[float, float]] | None, _points("run_start_reach", "sizes", 1.0, "between 0 and 1")]
+ShortReachPoints = Annotated[list[tuple[float, float]] | None,
+                             _points("short_run_start_reach", "sizes", 1.0, "between 0 and 1")]
 # kernel_costs.stride_stall: per row stride
 StridePoints = Annotated[list[tuple[float, float]] | None,
                          _points("stride_stall", "strides", sys.float_info.max, "finite and >= 0")]
@@ -112,9 +114,12 @@ class Profile(BaseModel):
         None, gt=0, description="the last cache's size where its sweep shows it holding less than sysfs says: the "
                                 "largest working set (all cores) still streaming at the cache's speed; none: as sysfs says")
     run_start_reach: ReachPoints = Field(
-        None, description="per working-set size (bytes over all cores, increasing), the share of the memory figures "
-                          "above that a strided stream that large pays, measured on all cores; none in older profiles: "
-                          "all of it beyond the last cache, none within")
+        None, description="per working-set size (bytes over all cores, increasing), the share of the memory figure "
+                          "above that a strided stream that large pays, measured on all cores with runs of RUN_BYTES "
+                          "(in profiles without short_run_start_reach: the mean over both run lengths); none in "
+                          "older profiles: all of it beyond the last cache, none within")
+    short_run_start_reach: ShortReachPoints = Field(
+        None, description="the same for runs of SHORT_RUN_BYTES; none in older profiles: run_start_reach")
     band_stall: BandPoints = Field(
         None, description="per band of rows (increasing) that a GEMV's micro-kernel reads in turn, walking along "
                           "them, from an array twice the last cache: the time it takes beyond the narrowest band's, "

@@ -29,7 +29,8 @@ def _profile(key: str) -> Profile:
                    parallel_region_seconds=1.5e-6, call_seconds=2e-8,
                    run_start_bytes=Figure(one_core=300.0, all_cores=80.0),
                    short_run_start_bytes=Figure(one_core=250.0, all_cores=60.0),
-                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
+                   run_start_reach=[(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)],
+                   short_run_start_reach=[(4e6, 0.0), (1.6e7, 0.1), (1e9, 1.0)], band_stall=[(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)],
                    tall_band_stall=[(8.0, 0.0), (32.0, 0.6), (64.0, 1.5)], tall_rows=8,
                    stride_stall=[(256.0, 0.0), (1024.0, 0.05), (3072.0, 0.25)],
                    copy_vector_seconds=1.2e-9, copy_element_seconds=3e-10, handoff_seconds=1e-10, shared_line_seconds=3e-8,
@@ -51,6 +52,8 @@ def test_host_applies_the_profile_of_this_machine_only(tmp_path, monkeypatch):
     assert (hw.run_start_bytes, assumed.run_start_bytes) == (80.0, 128.0)
     assert (hw.short_run_start_bytes, assumed.short_run_start_bytes) == (60.0, None)
     assert (hw.run_start_reach, assumed.run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.4), (1e9, 1.0)], None)
+    assert (hw.short_run_start_reach, assumed.short_run_start_reach) == ([(4e6, 0.0), (1.6e7, 0.1), (1e9, 1.0)], None)
+    assert "15.3 MiB 40%, 954 MiB 100% (128-byte runs: 3.81 MiB 0%, 15.3 MiB 10%, 954 MiB 100%)" in format_hardware(hw)
     assert (hw.band_stall, assumed.band_stall) == ([(8.0, 0.0), (16.0, 0.2), (32.0, 0.9)], None)
     assert "stall on rows read in turn, by band, of their stream: 8 rows 0%, 16 rows 20%, 32 rows 90%" in format_hardware(hw)
     assert (hw.tall_band_stall, hw.tall_rows, assumed.tall_band_stall) == ([(8.0, 0.0), (32.0, 0.6), (64.0, 1.5)], 8, None)
@@ -282,6 +285,17 @@ def test_the_run_starts_reach_is_their_share_of_the_memory_figures_by_size():
     assert fit_reach(4 * mib, 960 * mib, {16 * mib: {128: [1.2]}}, {128: [0.9]})[1] == (16 * mib, 1.0)
 
 
+def test_the_run_starts_reach_is_fitted_per_run_length():
+    """Over 16 MiB, 128-byte runs add 0.3 of the stream where memory's add 1.0, and 1 KiB runs
+    0.5 where memory's add 0.5: shares of 0.3 and 1.0, which their mean (0.65) would blur."""
+    mib = 1 << 20
+    memory = {128: [2.0, 2.0], 1024: [1.5, 1.5]}
+    sweep = {16 * mib: {128: [1.3, 1.3], 1024: [1.5, 1.5]}}
+    assert fit_reach(4 * mib, 960 * mib, sweep, memory, (128,))[1] == (16 * mib, pytest.approx(0.3, rel=1e-12))
+    assert fit_reach(4 * mib, 960 * mib, sweep, memory, (1024,))[1] == (16 * mib, 1.0)
+    assert fit_reach(4 * mib, 960 * mib, sweep, memory)[1] == (16 * mib, pytest.approx(0.65, rel=1e-12))
+
+
 def test_the_last_cache_is_as_large_as_its_sweep_streams_at_its_speed():
     """The sweep doubles from twice the private caches' total to half the last cache. The Intel
     Xeon's (sysfs: 480 MiB) streamed 59 GB/s up to 128 MiB (55 there) and 35 at 240: 128 MiB.
@@ -326,9 +340,11 @@ def test_calibrate_from_the_command_line(tmp_path):
     assert profile.tall_rows == tall_rows(assumed.levels[0].capacity_bytes // assumed.vector_bytes)
     sysfs = host(calibrated=False).levels[-1].capacity_bytes
     assert profile.last_level_bytes is None or 0 < profile.last_level_bytes < sysfs
-    sizes, shares = zip(*profile.run_start_reach)
-    assert list(sizes) == sorted(set(sizes)) and shares[0] == 0.0 and shares[-1] == 1.0
-    assert list(shares) == sorted(shares)
+    for reach in (profile.run_start_reach, profile.short_run_start_reach):
+        sizes, shares = zip(*reach)
+        assert list(sizes) == sorted(set(sizes)) and shares[0] == 0.0 and shares[-1] == 1.0
+        assert list(shares) == sorted(shares)
+    assert [size for size, _ in profile.short_run_start_reach] == list(sizes)
     strides, stalls = zip(*profile.stride_stall)
     assert list(strides) == sorted(set(strides)) and stalls[0] == 0.0 and all(np.isfinite(stalls))
     assert min(stalls) >= 0 and len(strides) == 1 + len(STRIDE_SPREADS)

@@ -54,6 +54,7 @@ def test_json_document_shape_for_gemm_chain(tmp_path):
     defaults = {"kind": "cpu", "cores": 1, "vector_bytes": None, "gpu": None, "call_seconds": 0.0,
                 "parallel_region_seconds": 0.0, "calibrated": None, "accumulator_bytes_per_s": None,
                 "run_start_bytes": 128.0, "short_run_start_bytes": None, "run_start_reach": None,
+                "short_run_start_reach": None,
                 "band_stall": None, "tall_band_stall": None, "tall_rows": None, "stride_stall": None, "fed_share": None, "copy_vector_seconds": 0.0, "copy_element_seconds": 0.0,
                 "handoff_seconds": 0.0, "shared_line_seconds": 0.0, "fma_chains": None}
     levels = [{**lv, "ways": None} for lv in CUSTOM["levels"]]

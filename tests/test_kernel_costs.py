@@ -957,6 +957,33 @@ def test_an_input_pays_the_share_of_its_run_starts_calibrated_for_its_size():
         hw.model_validate({**hw.model_dump(), "run_start_reach": [(1 << 20, 1.5)]})
 
 
+def test_short_runs_pay_the_share_calibrated_for_short_runs():
+    """B (2 MiB) with shares calibrated per run length: 0.5 for 1 KiB runs, 0.25 for 128-byte
+    runs, 0.375 halfway between (and for a band's stall, which has no run length). The DECODE
+    walk's 1 KiB runs pay 600 x 0.5 bytes each; under 32-wide L1 blocks moving down k, its
+    128-byte runs pay 200 x 0.25. A profile without the short share gives every run the other."""
+    from cachetile.models.kernel_costs import run_start_reach
+
+    plain = kernel_costs(DECODE, _streaming_hardware(0.0), DECODE_ORDERS, DECODE_TILES)
+    hw = _streaming_hardware(600.0).model_copy(update={
+        "short_run_start_bytes": 200.0, "run_start_reach": [(1 << 20, 0.0), (4 << 20, 1.0)],
+        "short_run_start_reach": [(1 << 20, 0.0), (16 << 20, 1.0)]})
+    assert [run_start_reach(hw, 2 << 20, b) for b in (64, 128, 576, 1024, 4096)] == pytest.approx(
+        [0.25, 0.25, 0.375, 0.5, 0.5], rel=1e-12)
+    assert run_start_reach(hw, 2 << 20) == pytest.approx(0.375, rel=1e-12)
+    costs = kernel_costs(DECODE, hw, DECODE_ORDERS, DECODE_TILES)
+    assert costs.stream_bytes[-1] - plain.stream_bytes[-1] == pytest.approx(2048 * 600.0 * 0.5, rel=1e-12)
+    short = [{"m": 2, "n": 32, "k": 1}, {"m": 2, "n": 32, "k": 1}, {"m": 2, "n": 1024, "k": 32}]
+    plain = kernel_costs(DECODE, _streaming_hardware(0.0), DECODE_ORDERS, short)
+    costs = kernel_costs(DECODE, hw, DECODE_ORDERS, short)
+    assert costs.runs == [("B", 512 * 1024 / 32, 32)]
+    assert costs.stream_bytes[-1] - plain.stream_bytes[-1] == pytest.approx(512 * 1024 / 32 * 200.0 * 0.25, rel=1e-12)
+    older = hw.model_copy(update={"short_run_start_reach": None})
+    assert run_start_reach(older, 2 << 20, 128) == run_start_reach(older, 2 << 20) == pytest.approx(0.5, rel=1e-12)
+    with pytest.raises(ValueError, match="short_run_start_reach shares must be between 0 and 1"):
+        hw.model_validate({**hw.model_dump(), "short_run_start_reach": [(1 << 20, 1.5)]})
+
+
 def test_a_private_block_of_whole_rows_streams_as_one_run():
     """The DECODE walk under L2 blocks of 32 whole rows of B (one contiguous 128 KiB piece), on
     one core: each block is one run, whichever order its 256-wide L1 blocks take inside it;
