@@ -3,7 +3,7 @@
     chrt -f 20 python bench/l2_feed.py [--rounds 5]
 
 The model charges the link that fills L1 as a time that overlaps the FMAs
-(the 4-norm of SimdCpu.overlap_norm). A micro-kernel whose vector input (B)
+(the 3-norm of SimdCpu.overlap_norm). A micro-kernel whose vector input (B)
 does not stay in L1 between register tiles reads it from L2 inside its FMA
 loop, and there the two do not overlap that well. Two tables, on all cores:
 

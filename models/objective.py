@@ -4,7 +4,7 @@ Every solver, the polish and the plan document rank plans through an
 Objective, so the formula lives in one place (costmodel.predicted_seconds):
 each level's link costs DV_l / divisor_l, compute counts or not, on SIMD CPUs
 level 0's link adds to compute, compute and the links overlap as the target's
-overlap_norm says (the slowest alone, or on SIMD CPUs a 4-norm), and the
+overlap_norm says (the slowest alone, or on SIMD CPUs a 3-norm), and the
 kernel's serial costs (the target's kernel_costs: packing copies, parallel
 regions, the call) add to the whole.
 `time_objective` divides by each link's bandwidth; `dv_objective(l)` (the
