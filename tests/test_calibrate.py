@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (BANDS, LOADS, STRIDE_SPREADS, fed_tiles, fit_accumulators, fit_last_level,
+from cachetile.backends.calibrate import (BANDS, LOAD_SHARE, LOADS, STRIDE_SPREADS, fed_tiles, fit_accumulators, fit_last_level,
                                           fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
                                           fit_fma_chains, last_level_sizes, peak_tiles, reach_sizes, scaling,
                                           settle_all_cores, tall_rows)
@@ -413,3 +413,27 @@ def test_a_run_start_costs_what_the_strided_stream_adds_in_bytes():
     assert fit_run_start([1.25, 1.5, 1.3]) == pytest.approx(0.3 * 1024, rel=1e-9)
     assert fit_run_start([1.25, 1.5, 1.3], run_bytes=256) == pytest.approx(0.3 * 256, rel=1e-9)
     assert fit_run_start([0.98, 0.99, 1.2]) == 0.0
+
+
+def test_a_fit_that_gives_the_wide_tiles_time_to_its_loads_keeps_its_rate():
+    """On the AMD EPYC Zen 3 the one-vector tile is bound by A's broadcasts, not its loads, at about
+    half the wide tile's rate; 0.62 of it solves to a peak several times the wide tile's, whose
+    loads then take most of its time (two cores fitted 1.11 TFLOP/s). Past LOAD_SHARE the fit
+    keeps the wide tile's rate and the stream it is given, as where no positive peak explains the
+    two; below it the sum is solved as before."""
+    vector_bytes, lanes, steps = 32, 8, 1000
+    loads = peak_tiles(16)
+    (wide, wide_loads), (narrow, narrow_loads) = loads.items()
+    flops = [2.0 * rows * vectors * lanes * steps for rows, vectors in (wide, narrow)]
+    wide_rate = 1.8e11
+    for narrow_share, explained in ((0.62, False), (0.50, False), (0.80, False), (0.90, True)):
+        runs = [(flops[0] / wide_rate, flops[0], steps), (flops[1] / (narrow_share * wide_rate), flops[1], steps)]
+        peak, bandwidth = fit_peak_and_registers(*runs, lanes, vector_bytes, loads, unexplained=3.5e11)
+        inv_peak, inv_bw = np.linalg.solve([[flops[0], wide_loads * vector_bytes * steps],
+                                            [flops[1], narrow_loads * vector_bytes * steps]], [r[0] for r in runs])
+        load_share = 1 - inv_peak * wide_rate
+        assert explained == (0 < inv_peak and load_share <= LOAD_SHARE), narrow_share
+        if explained:
+            assert (peak, bandwidth) == pytest.approx((1 / inv_peak, 1 / inv_bw), rel=1e-9)
+        else:
+            assert (peak, bandwidth) == pytest.approx((wide_rate, 3.5e11), rel=1e-9)
