@@ -68,6 +68,10 @@ from .profile import RUN_BYTES, SHORT_RUN_BYTES
 from .sharing import output_shared_lines
 from .workload import Workload
 
+# A band of rows whose stall reaches this share of the widest band's is one the prefetcher has
+# given up on (the stall has levelled off): each piece of it is a run of its own. Below it the
+# pieces still join up into runs, and the band's stall is charged as a share of the stream.
+PLATEAU = 0.9
 
 @dataclass
 class KernelCosts:
@@ -901,11 +905,19 @@ def broadcast_rows(workload: Workload, hardware: Hardware, op, name: str, tile: 
 
 
 def followed_rows(hardware: Hardware) -> int | None:
-    """The widest band calibrated whose stall is under half the widest's: the band the polish
-    narrows a wider one to (optimizer/local._band_moves). None without a stall."""
+    """The widest band calibrated whose stall is under PLATEAU of the widest's: the band the polish
+    narrows a wider one to (optimizer/local._band_moves), and the widest whose pieces copy_walk
+    joins into runs. None without a stall.
+
+    The level-off, not half of it: on the AMD EPYC Zen 3 of BENCHMARKS.md ("Zen 3 return
+    session") bands of 8, 16, 32 and 64+ rows stalled 0, 49, 155 and 205%, and gemm 8x4096x1024
+    copying B in 64-byte pieces of 18 rows ran in 2.01 ms, predicted 9.38 with every piece a run
+    of its own (half the top put the limit at 16 rows); joined, at 18 rows' stall, 2.06. Pieces of
+    64 rows there ran as runs of their own (15.0 ms for llama's 8x4096x4096, "Read-once
+    session")."""
     points = hardware.band_stall or []
     top = max((share for _, share in points), default=0.0)
-    calm = [int(rows) for rows, share in points if share < top / 2]
+    calm = [int(rows) for rows, share in points if share < PLATEAU * top]
     return max(calm) if top > 0 and calm else None
 
 

@@ -1524,7 +1524,7 @@ def test_a_copy_reads_its_source_in_the_runs_and_bands_its_loops_walk():
         assert count * run == elements
         return run, band, share
 
-    eight = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.6), (256.0, 1.0)]})
+    eight = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.95), (256.0, 1.0)]})  # levelled off at 64
     assert runs(eight, banded) == (16, 1, 0.0)
     assert runs(eight, rows) == (2048, 1, 0.0)
     follows = XEON.model_copy(update={"band_stall": [(8.0, 0.0), (64.0, 0.2), (256.0, 1.0)]})
@@ -1643,3 +1643,26 @@ def test_an_unpacked_inputs_band_counts_the_rows_the_loops_above_l1_walk_before_
     costs = kernel_costs(w, ZEN3, orders, tiles)
     assert "B" not in [c[0] for c in costs.copies]  # read in place
     assert costs.bands == ([("B", rows, band_stall(ZEN3, rows))] if band_stall(ZEN3, rows) else [])
+
+
+def test_a_copy_joins_its_pieces_in_bands_below_the_stalls_level_off():
+    """The AMD EPYC Zen 3's band stalls levelled off at 64 rows (0, 49, 155 and 205% for 8, 16, 32
+    and 64+ rows): gemm 8x4096x1024 copying B in 64-byte pieces of 18 rows ran in 2.01 ms,
+    predicted 9.38 with every piece a run of its own, as half the top stall had it (16 rows
+    followed). Below the level-off the pieces join into each row's 2048 columns, read in an
+    18-row band whose stall is charged instead; at it, each piece is a run again."""
+    from cachetile.models.kernel_costs import band_stall, followed_rows
+
+    stalls = [(8.0, 0.0), (16.0, 0.49), (32.0, 1.55), (64.0, 2.05), (128.0, 2.05), (256.0, 2.05)]
+    hw = ZEN3.model_copy(update={"band_stall": stalls})
+    assert followed_rows(hw) == 32
+    w = builtin("gemm", {"m": 8, "n": 4096, "k": 1024})
+    orders = [list("knm"), list("mkn"), list("nmk"), list("mnk")]
+    tiles = [{"m": 6, "n": 8, "k": 1}, {"m": 6, "n": 8, "k": 1}, {"m": 6, "n": 8, "k": 18}, {"m": 6, "n": 2048, "k": 18}]
+    (entry,) = [r for r in kernel_costs(w, hw, orders, tiles).copy_runs if r[0] == "B"]
+    _, _, run, rows, share = entry
+    assert (run, rows) == (2048, 18)
+    assert share == pytest.approx(band_stall(hw, 18))
+    level = hw.model_copy(update={"band_stall": [(8.0, 0.0), (16.0, 1.9), (32.0, 2.05)]})
+    (entry,) = [r for r in kernel_costs(w, level, orders, tiles).copy_runs if r[0] == "B"]
+    assert entry[2:4] == (16, 1)
