@@ -165,9 +165,9 @@ NOISE = 0.97
 # The wide tile of peak_tiles issues a load per 1.5-2 FMAs, well within what a core's load ports
 # sustain: where the fit held the loads to a share of its time, it was 6% (the Zen 5) and 11% (the
 # Xeon) of BENCHMARKS.md. A fit that gives them more has read the narrow tile's other limit as
-# loads: on the AMD EPYC Zen 3, whose one-vector tile is bound by A's broadcasts at 0.47-0.62 of
-# the wide tile's rate, two cores fitted a peak of 1.11 TFLOP/s (2 cores of 2 FMA pipes can do
-# about 0.2) and the model ran every plan's FMAs for free.
+# loads: on the AMD EPYC Zen 3, whose one-vector tile is bound by A's broadcasts at about half
+# the wide tile's rate (0.34-0.78 over six timings), two cores fitted a peak of 1.11 TFLOP/s
+# (2 cores of 2 FMA pipes can do about 0.2) and the model ran every plan's FMAs for free.
 LOAD_SHARE = 1 / 3
 # The packing copy's source: rows of an odd length (a 1024-float row puts a block's column in one
 # L1 set: 2.8 ns per element on the Zen 4 against 0.3 at 1000), 250 KB in all.
@@ -596,9 +596,10 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
 
     `unexplained`: the register bandwidth where no positive peak explains the two, or only one
     that leaves the loads over LOAD_SHARE of the faster kernel's time (its rate is then the
-    peak): the calibration passes the stream from L1, which fills the registers the same way. On the AMD EPYC Zen 3 of BENCHMARKS.md the one-vector tile (12x1) ran
-    at half the peak, bound by A's broadcasts, where 6x2 ran at the peak; with free registers the
-    shapes benchmark ran at 0.88x numpy in geomean, with the L1 stream 1.02x."""
+    peak): the calibration passes the stream from L1, which fills the registers the same way.
+    On the AMD EPYC Zen 3 of BENCHMARKS.md the one-vector tile (12x1) ran at half the peak,
+    bound by A's broadcasts, where 6x2 ran at the peak; with free registers the shapes
+    benchmark ran at 0.88x numpy in geomean, with the L1 stream 1.02x."""
     (s1, f1, k1), (s2, f2, k2) = a, b
     rates = (f1 / s1, f2 / s2)
     if min(rates) >= NOISE * max(rates):
@@ -609,8 +610,8 @@ def fit_peak_and_registers(a: tuple[float, float, int], b: tuple[float, float, i
     # Finite stand-ins for "too fast to measure": the profile is JSON, where inf has no spelling.
     # Noise inverted the two kernels, or something other than loads binds the narrow one, which
     # the sum cannot show: it then explains the wide tile by its loads (LOAD_SHARE).
-    if inv_peak <= (1 - LOAD_SHARE) * min(s1 / f1, s2 / f2):
-        return max(f1 / s1, f2 / s2), unexplained
+    if inv_peak <= (1 - LOAD_SHARE) / max(rates):
+        return max(rates), unexplained
     if inv_bw <= 1e-15:  # loads fully overlapped with the FMAs here: they cost nothing measurable
         return 1 / inv_peak, 1e18
     return 1 / inv_peak, 1 / inv_bw

@@ -73,6 +73,7 @@ from .workload import Workload
 # pieces still join up into runs, and the band's stall is charged as a share of the stream.
 PLATEAU = 0.9
 
+
 @dataclass
 class KernelCosts:
     seconds: float = 0.0  # serial: copies, zeroing, cropping, parallel regions, the call

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cachetile.api.report import format_hardware
-from cachetile.backends.calibrate import (BANDS, LOAD_SHARE, LOADS, STRIDE_SPREADS, fed_tiles, fit_accumulators, fit_last_level,
-                                          fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
+from cachetile.backends.calibrate import (BANDS, LOAD_SHARE, LOADS, STRIDE_SPREADS, fed_tiles, fit_accumulators,
+                                          fit_last_level, fit_peak_and_registers, fit_reach, fit_band_stall, fit_run_start,
                                           fit_fma_chains, last_level_sizes, peak_tiles, reach_sizes, scaling,
                                           settle_all_cores, tall_rows)
 from cachetile.models.errors import InvalidInput
